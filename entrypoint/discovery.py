@@ -1,0 +1,93 @@
+"""What accelerator this container sees and how many processes it can feed: Neuron, then CUDA, then CPU.
+
+One function per device kind, each reading under a filesystem `root` (default "/") so tests can hand it a
+fake /dev. Nothing here imports torch or a device runtime: device nodes and `neuron-ls` are enough to count.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from entrypoint.contract import Settings, UsageError
+
+PHYSICAL_CORES_PER_DEVICE = 8  # trn2: 8 NeuronCore-v3 per Trainium2 device
+
+
+@dataclass(frozen=True)
+class Devices:
+    kind: str  # neuron | cuda | cpu
+    count: int  # processes' worth: usable logical NeuronCores, GPUs, or CPU cores
+    nodes: tuple = ()  # device node names, e.g. ("neuron0", "neuron1")
+    lnc: int | None = None  # logical NeuronCore config
+    visible_cores: tuple | None = None  # NEURON_RT_VISIBLE_CORES, expanded
+
+
+def _numbered(root, prefix):
+    """The N of every <root>/dev/<prefix>N, sorted; any file counts, device node or not."""
+    try:
+        names = os.listdir(os.path.join(root, "dev"))
+    except OSError:
+        return []
+    return sorted(int(m[1]) for m in (re.fullmatch(rf"{prefix}(\d+)", name) for name in names) if m)
+
+
+def run_neuron_ls():
+    """The devices `neuron-ls -j` lists (number and LNC-adjusted core count), or None if it is absent or fails."""
+    exe = shutil.which("neuron-ls")
+    if not exe:
+        return None
+    try:
+        listing = json.loads(subprocess.run([exe, "-j"], capture_output=True, check=True, timeout=60).stdout)
+        return [{"neuron_device": int(d["neuron_device"]), "nc_count": int(d["nc_count"])} for d in listing]
+    except (OSError, subprocess.SubprocessError, ValueError, TypeError, KeyError):
+        return None
+
+
+def neuron(root="/", lnc=2, visible=None, listing=None):
+    """Logical NeuronCores from a neuron-ls listing (nc_count is LNC-adjusted), else /dev/neuronN x (8 // LNC)."""
+    if listing:
+        nodes = tuple(f"neuron{device['neuron_device']}" for device in listing)
+        total = sum(device["nc_count"] for device in listing)
+    else:
+        numbers = _numbered(root, "neuron")
+        if not numbers:
+            return None
+        if numbers != list(range(len(numbers))):
+            gap = min(set(range(numbers[-1])) - set(numbers))
+            raise UsageError(f"/dev/neuron{gap} is missing but /dev/neuron{numbers[-1]} exists: Neuron devices must "
+                             f"be contiguous from neuron0 (found {', '.join(f'neuron{n}' for n in numbers)})")
+        nodes = tuple(f"neuron{n}" for n in numbers)
+        total = len(nodes) * (PHYSICAL_CORES_PER_DEVICE // lnc)
+    if visible is not None:
+        missing = [core for core in visible if core >= total]
+        if missing:
+            raise UsageError(f"NEURON_RT_VISIBLE_CORES names core {missing[0]}, but the {len(nodes)} Neuron devices "
+                             f"have logical cores 0-{total - 1} (NEURON_LOGICAL_NC_CONFIG={lnc})")
+    return Devices("neuron", len(visible) if visible else total, nodes, lnc, visible)
+
+
+def cuda(root="/", visible=None):
+    """GPUs from /dev/nvidiaN; CUDA_VISIBLE_DEVICES keeps, as CUDA does, the entries before the first invalid one."""
+    nodes = tuple(f"nvidia{n}" for n in _numbered(root, "nvidia"))
+    count = len(nodes)
+    if visible is not None:
+        valid = [entry.startswith(("GPU-", "MIG-")) or (entry.isdigit() and int(entry) < len(nodes))
+                 for entry in visible]
+        count = (valid + [False]).index(False)
+    return Devices("cuda", count, nodes) if count else None
+
+
+def cpu():
+    return Devices("cpu", os.cpu_count() or 1)
+
+
+def discover(settings: Settings, neuron_ls=run_neuron_ls) -> Devices:
+    """neuron-ls describes only the real machine, so it is consulted only when discovery looks at "/"."""
+    root = settings.neuron_qwen3_root
+    listing = neuron_ls() if root == "/" else None
+    lnc = int(settings.neuron_logical_nc_config)
+    return (neuron(root, lnc, settings.neuron_rt_visible_cores, listing)
+            or cuda(root, settings.cuda_visible_devices) or cpu())

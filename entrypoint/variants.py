@@ -1,0 +1,44 @@
+"""The variant table: the one place that says which torchtitan config each VARIANT runs.
+
+Everything else (the launcher, the README, the tests) reads this table; the config
+functions it names live in recipes/neuron_qwen3/config_registry.py.
+"""
+
+from dataclasses import dataclass
+
+RECIPE_MODULE = "neuron_qwen3"
+SCALES = ("full", "smoke")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    summary: str
+    hf_repo: str  # Hub repo of the full-scale model assets (tokenizer, config, weights)
+    configs: dict  # scale -> config function in neuron_qwen3.config_registry
+
+
+VARIANTS = {
+    v.name: v
+    for v in (
+        Variant(
+            name="v5",
+            summary="Hugging Face Transformers v5 modeling backend, Qwen/Qwen3-4B-Instruct-2507",
+            hf_repo="Qwen/Qwen3-4B-Instruct-2507",
+            configs={"full": "v5_qwen3_4b", "smoke": "v5_qwen3_smoke"},
+        ),
+        Variant(
+            name="native",
+            summary="torchtitan's native Qwen3 model spec, Qwen3-4B",
+            hf_repo="Qwen/Qwen3-4B",
+            configs={"full": "native_qwen3_4b", "smoke": "native_qwen3_smoke"},
+        ),
+        Variant(
+            name="nki_moe",
+            summary="Qwen3-30B-A3B MoE, experts swapped for NKI kernels via torchtitan's override registry",
+            hf_repo="Qwen/Qwen3-30B-A3B",
+            configs={"full": "nki_moe_qwen3_30b_a3b", "smoke": "nki_moe_qwen3_smoke"},
+        ),
+    )
+}
+DEFAULT_VARIANT = "native"

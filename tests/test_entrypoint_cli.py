@@ -1,0 +1,170 @@
+"""`python -m entrypoint` as the container runs it: exit codes, one-line errors, dry runs, signals, no torch.
+
+Subprocess tests get a controlled environment and a fake device root (NEURON_QWEN3_ROOT).
+Run: .venv/bin/python -m pytest tests/test_entrypoint_cli.py -q
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from entrypoint import cli, contract, launch
+from entrypoint.variants import VARIANTS
+
+REPO = Path(__file__).resolve().parent.parent
+VAR = {var.name: var for var in contract.VARS}
+HAS_TORCH_NEURONX = bool(subprocess.run([sys.executable, "-c", "import importlib.util as u, sys; "
+                                         "sys.exit(not u.find_spec('torch_neuronx'))"]).returncode == 0)
+
+
+def entrypoint(*args, root, python_flags=(), **env):
+    return subprocess.run([sys.executable, *python_flags, "-m", "entrypoint", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "NEURON_QWEN3_ROOT": str(root), **env})
+
+
+def neuron_tree(root, devices=0, *names):
+    (root / "dev").mkdir()
+    for name in [f"neuron{i}" for i in range(devices)] + list(names):
+        (root / "dev" / name).touch()
+    return root
+
+
+BAD = [("VARIANT", "foo"), ("SCALE", "huge"), ("COMPILE", "maybe"), ("STEPS", "abc"), ("STEPS", "0"), ("STEPS", "-2"),
+       ("NPROC", "four"), ("NPROC", "0"), ("NEURON_LOGICAL_NC_CONFIG", "4"), ("NEURON_RT_VISIBLE_CORES", "3-0"),
+       ("NEURON_RT_VISIBLE_CORES", "1,1"), ("NEURON_RT_VISIBLE_CORES", "x"), ("EXTRA_ARGS", '"unclosed')]
+
+
+@pytest.mark.parametrize("dry_run", [(), ("--dry-run",)], ids=["launch", "dry-run"])
+@pytest.mark.parametrize("name, raw", BAD)
+def test_bad_input_is_one_line_and_status_2(tmp_path, name, raw, dry_run):
+    result = entrypoint(*dry_run, root=tmp_path, **{name: raw})
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"entrypoint: {name}={raw!r} is not {VAR[name].allowed}\n"
+
+
+def test_error_lines_redact_the_token(tmp_path):
+    result = entrypoint(root=tmp_path, HF_TOKEN="hf_do_not_print", EXTRA_ARGS="--token hf_do_not_print 'open")
+    assert result.returncode == 2
+    assert result.stderr == "entrypoint: EXTRA_ARGS=\"--token *** 'open\" is not shell words\n"
+
+
+@pytest.mark.parametrize("devices, env, words", [
+    (4, {"NPROC": "17"}, ["NPROC=17", "16 logical NeuronCores", "1-16"]),
+    (4, {"NEURON_RT_VISIBLE_CORES": "0-16"}, ["NEURON_RT_VISIBLE_CORES", "core 16", "0-15"]),
+    (0, {"NPROC": str(os.cpu_count() + 1)}, [f"NPROC={os.cpu_count() + 1}", "CPU cores"])])
+def test_impossible_requests_are_one_line_and_status_2(tmp_path, devices, env, words):
+    result = entrypoint("--dry-run", root=neuron_tree(tmp_path, devices), **env)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert all(word in result.stderr for word in words), result.stderr
+
+
+def test_gap_in_device_numbers(tmp_path):
+    result = entrypoint("--dry-run", root=neuron_tree(tmp_path, 2, "neuron3"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "/dev/neuron2 is missing" in result.stderr
+
+
+def test_dry_run_on_four_neuron_devices_needs_no_torch_neuronx(tmp_path):
+    result = entrypoint("--dry-run", root=neuron_tree(tmp_path, 4), HF_TOKEN="hf_do_not_print",
+                        EXTRA_ARGS="--job.description hf_do_not_print")
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert (shown["devices"]["kind"], shown["devices"]["count"], shown["nproc"]) == ("neuron", 16, 16)
+    assert "--nproc_per_node=16" in shown["argv"] and shown["argv"][-1] == "***"
+    assert shown["env"]["NEURON_LOGICAL_NC_CONFIG"] == "2"
+    assert "hf_do_not_print" not in result.stdout + result.stderr
+
+
+@pytest.mark.skipif(HAS_TORCH_NEURONX, reason="torch_neuronx is installed here")
+def test_launch_on_neuron_devices_without_torch_neuronx_is_refused(tmp_path):
+    result = entrypoint(root=neuron_tree(tmp_path, 4))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.count("\n") == 1 and "torch_neuronx" in result.stderr
+
+
+def test_dry_run_does_not_import_torch(tmp_path):
+    result = entrypoint("--dry-run", root=neuron_tree(tmp_path, 1), python_flags=("-X", "importtime"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    modules = [line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")]
+    assert "entrypoint.plan" in modules
+    assert not [m for m in modules if m.split(".")[0] in ("torch", "torch_neuronx", "torchtitan")]
+
+
+def test_list_and_help(tmp_path):
+    listed = entrypoint("--list", root=tmp_path).stdout.splitlines()
+    assert len(listed) == len(VARIANTS)
+    for line, variant in zip(listed, VARIANTS.values()):
+        assert line.startswith(variant.name) and variant.summary in line
+        assert all(config in line for config in variant.configs.values())
+    helped = entrypoint("--help", root=tmp_path)
+    assert helped.returncode == 0 and all(name in helped.stdout for name in VAR)
+
+
+def test_launch_line_redacts_the_token_and_returns_the_child_status(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(os, "environ", {"NEURON_QWEN3_ROOT": str(tmp_path), "HF_TOKEN": "hf_do_not_print",
+                                        "EXTRA_ARGS": "--x hf_do_not_print"})
+    launched = []
+    monkeypatch.setattr(launch, "run", lambda argv, env: launched.append((argv, env)) or 5)
+    assert cli.main([]) == 5
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and "torch.distributed.run" in line
+    assert "hf_do_not_print" not in line and line.rstrip().endswith("--x ***")
+    assert launched[0][1]["HF_TOKEN"] == "hf_do_not_print"  # redacted in print only
+
+
+CHILD = """
+import os, signal, subprocess, sys, time
+out, role = sys.argv[1], sys.argv[2]
+def on_term(signum, frame):
+    with open(os.path.join(out, role), "w") as f:
+        f.write(str(signum))
+    if role == "child":
+        grandchild.wait()
+    sys.exit(7 if role == "child" else 0)
+signal.signal(signal.SIGTERM, on_term)
+if role == "child":
+    grandchild = subprocess.Popen([sys.executable, __file__, out, "grandchild"])
+    while not os.path.exists(os.path.join(out, "grandchild.ready")):
+        time.sleep(0.01)
+with open(os.path.join(out, role + ".ready"), "w") as f:
+    f.write(str(os.getpgid(0)))
+while True:
+    time.sleep(0.1)
+"""
+
+
+def run_launcher(*child):
+    code = "import sys; from entrypoint.launch import run; sys.exit(run(sys.argv[1:], None))"
+    return subprocess.Popen([sys.executable, "-c", code, sys.executable, *child], cwd=REPO)
+
+
+def test_sigterm_reaches_child_and_grandchild_and_status_is_the_childs(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    launcher = run_launcher(str(script), str(tmp_path), "child")
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "child.ready").exists():
+        assert time.monotonic() < deadline and launcher.poll() is None, "child never got ready"
+        time.sleep(0.01)
+    try:
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=10) == 7
+        assert (tmp_path / "child").read_text() == (tmp_path / "grandchild").read_text() == str(int(signal.SIGTERM))
+    finally:  # on failure, leave no process behind
+        launcher.kill()
+        try:
+            os.killpg(int((tmp_path / "child.ready").read_text()), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.parametrize("code, status", [("raise SystemExit(3)", 3), ("import os; os.kill(os.getpid(), 9)", 137)])
+def test_child_status_is_returned_unchanged(code, status):
+    assert run_launcher("-c", code).wait(timeout=30) == status

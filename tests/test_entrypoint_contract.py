@@ -1,0 +1,62 @@
+"""The environment contract: defaults, accepted forms, and one clear error per bad value.
+
+Run: .venv/bin/python -m pytest tests/test_entrypoint_contract.py -q
+"""
+
+import pytest
+
+from entrypoint import contract
+from entrypoint.variants import SCALES, VARIANTS
+
+VAR = {var.name: var for var in contract.VARS}
+
+
+def test_every_variable_has_a_settings_field_and_defaults_parse():
+    settings = contract.parse({})
+    assert set(vars(settings)) == {name.lower() for name in VAR}
+    for var in contract.VARS:
+        expected = None if var.default is None else var.parse(var.default)
+        assert getattr(settings, var.name.lower()) == expected, var.name
+
+
+@pytest.mark.parametrize("name, values", [("VARIANT", VARIANTS), ("SCALE", SCALES)])
+def test_choices_come_from_the_variant_table(name, values):
+    for value in values:
+        assert getattr(contract.parse({name: value}), name.lower()) == value
+
+
+@pytest.mark.parametrize("raw", list(contract.SWITCH) + ["ON", " Yes "])
+def test_compile_switch(raw):
+    assert contract.parse({"COMPILE": raw}).compile is contract.SWITCH[raw.strip().lower()]
+
+
+@pytest.mark.parametrize("raw, cores", [("3", (3,)), ("0-3", (0, 1, 2, 3)), ("0-3,8", (0, 1, 2, 3, 8)),
+                                        ("0,2,4-7", (0, 2, 4, 5, 6, 7)), ("5-5", (5,))])
+def test_visible_core_forms(raw, cores):
+    assert contract.parse({"NEURON_RT_VISIBLE_CORES": raw}).neuron_rt_visible_cores == cores
+
+
+def test_numbers_and_words():
+    settings = contract.parse({"STEPS": "10", "NPROC": "4", "EXTRA_ARGS": "--a 'b c'", "CUDA_VISIBLE_DEVICES": ""})
+    assert (settings.steps, settings.nproc, settings.extra_args) == (10, 4, ("--a", "b c"))
+    assert settings.cuda_visible_devices == ()
+
+
+BAD = [("VARIANT", "foo"), ("VARIANT", ""), ("SCALE", "huge"), ("COMPILE", "maybe"), ("STEPS", "abc"), ("STEPS", "0"),
+       ("STEPS", "-1"), ("STEPS", "1.5"), ("NPROC", "x"), ("NPROC", "0"), ("NEURON_LOGICAL_NC_CONFIG", "3"),
+       ("NEURON_RT_VISIBLE_CORES", "3-1"), ("NEURON_RT_VISIBLE_CORES", "0-3,2"), ("NEURON_RT_VISIBLE_CORES", "a"),
+       ("NEURON_RT_VISIBLE_CORES", ""), ("NEURON_RT_VISIBLE_CORES", "1,,2"), ("EXTRA_ARGS", "--a 'open")]
+
+
+@pytest.mark.parametrize("name, raw", BAD)
+def test_bad_value_names_variable_value_and_allowed(name, raw):
+    with pytest.raises(contract.UsageError) as error:
+        contract.parse({name: raw})
+    assert str(error.value) == f"{name}={raw!r} is not {VAR[name].allowed}"
+
+
+def test_token_is_redacted_and_kept_out_of_repr():
+    settings = contract.parse({"HF_TOKEN": "hf_secret"})
+    assert "hf_secret" not in repr(settings)
+    assert contract.redact("a hf_secret b", "hf_secret") == "a *** b"
+    assert contract.redact("a b", None) == "a b"

@@ -1,0 +1,103 @@
+"""From settings and devices to the torchrun command and environment: the article's launch on every platform.
+
+Run: .venv/bin/python -m pytest tests/test_entrypoint_plan.py -q
+"""
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from entrypoint import contract, plan
+from entrypoint.discovery import Devices
+from entrypoint.variants import RECIPE_MODULE, SCALES, VARIANTS
+
+DEVICES = {"neuron": Devices("neuron", 64, tuple(f"neuron{i}" for i in range(16)), 2),
+           "cuda": Devices("cuda", 8, tuple(f"nvidia{i}" for i in range(8))),
+           "cpu": Devices("cpu", os.cpu_count())}
+ARTICLE = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--local-ranks-filter", "0", "--role", "rank",
+           "--tee", "3"]
+
+
+def build(kind, environ=None, **env):
+    environ = {**(environ or {}), **env}
+    return plan.build(contract.parse(environ), DEVICES[kind], environ)
+
+
+def after(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+@pytest.mark.parametrize("kind", DEVICES)
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=list(VARIANTS))
+@pytest.mark.parametrize("scale", SCALES)
+def test_article_launch_for_every_platform_variant_and_scale(kind, variant, scale):
+    p = build(kind, VARIANT=variant.name, SCALE=scale)
+    nproc = 1 if kind == "cpu" else DEVICES[kind].count
+    worker = "neuron_qwen3.train" if kind == "cpu" else "torchtitan.train"
+    assert list(p.argv[:16]) == [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *ARTICLE,
+                                 "-m", worker]
+    assert p.argv[16:20] == ("--module", RECIPE_MODULE, "--config", variant.configs[scale])
+    assert (p.variant, p.scale, p.module, p.config, p.nproc) == (variant.name, scale, RECIPE_MODULE,
+                                                                  variant.configs[scale], nproc)
+    assert after(p.argv, "--dump_folder") == "./outputs"
+    if scale == "full":
+        assert after(p.argv, "--hf_assets_path") == f"./assets/hf/{variant.hf_repo.split('/')[-1]}"
+    else:
+        assert "--hf_assets_path" not in p.argv
+        assert p.env["HF_HUB_OFFLINE"] == p.env["HF_DATASETS_OFFLINE"] == "1"
+    assert "--compile.enable" not in p.argv and "--training.steps" not in p.argv
+
+
+@pytest.mark.parametrize("kind, backend", [("neuron", "neuron"), ("cuda", "inductor"), ("cpu", "inductor")])
+def test_compile_backend_per_platform(kind, backend):
+    argv = build(kind, COMPILE="on").argv
+    assert argv[argv.index("--compile.enable") + 1:][:2] == ("--compile.backend", backend)
+
+
+def test_steps_paths_and_extra_args_last():
+    argv = build("cuda", STEPS="7", ASSETS_DIR="/a", OUTPUT_DIR="/o", EXTRA_ARGS="--x.y 1 --z 'a b'").argv
+    assert after(argv, "--training.steps") == "7"
+    assert after(argv, "--hf_assets_path") == "/a/Qwen3-4B"
+    assert after(argv, "--dump_folder") == "/o"
+    assert argv[-4:] == ("--x.y", "1", "--z", "a b")
+
+
+def test_environment_on_each_platform():
+    recipes = str(Path(plan.__file__).resolve().parent.parent / "recipes")
+    cache = os.path.abspath("./cache")
+    neuron = build("neuron", NEURON_RT_VISIBLE_CORES="0-63").env
+    assert neuron == {"PYTHONPATH": recipes, "PYTHONUNBUFFERED": "1", "NEURON_LOGICAL_NC_CONFIG": "2",
+                      "NEURON_RT_VISIBLE_CORES": "0-63", "TORCH_NEURONX_NEFF_CACHE_DIR": f"{cache}/neff",
+                      "TORCH_NEURONX_HLO_CACHE_DIR": f"{cache}/hlo", "NKI_COMPILE_CACHE_URL": f"{cache}/nki"}
+    assert build("cuda", CACHE_DIR="/c").env == {"PYTHONPATH": recipes, "PYTHONUNBUFFERED": "1",
+                                                 "NEURON_QWEN3_DEVICE": "cuda",
+                                                 "TORCHINDUCTOR_CACHE_DIR": "/c/inductor"}
+    cpu = build("cpu", NPROC="1").env
+    assert (cpu["NEURON_QWEN3_DEVICE"], cpu["OMP_NUM_THREADS"]) == ("cpu", str(os.cpu_count()))
+
+
+def test_variables_already_set_are_kept():
+    env = build("neuron", PYTHONPATH="/mine", TORCH_NEURONX_NEFF_CACHE_DIR="/n", NKI_COMPILE_CACHE_URL="/k").env
+    assert env["PYTHONPATH"].split(os.pathsep)[1:] == ["/mine"]
+    assert "TORCH_NEURONX_NEFF_CACHE_DIR" not in env and "NKI_COMPILE_CACHE_URL" not in env
+    assert "OMP_NUM_THREADS" not in build("cpu", OMP_NUM_THREADS="3").env
+    assert "TORCHINDUCTOR_CACHE_DIR" not in build("cpu", TORCHINDUCTOR_CACHE_DIR="/i").env
+
+
+@pytest.mark.parametrize("kind", DEVICES)
+def test_process_count_up_to_what_was_found(kind):
+    most = DEVICES[kind].count
+    assert build(kind, NPROC=str(most)).nproc == most
+    with pytest.raises(contract.UsageError, match=f"NPROC={most + 1} is more than the {most} .*allowed: 1-{most}"):
+        build(kind, NPROC=str(most + 1))
+
+
+def test_neuron_without_torch_neuronx_is_refused_only_at_launch(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(contract.UsageError, match="16 Neuron devices found but the torch_neuronx package"):
+        plan.check_runtime(build("neuron"))
+    plan.check_runtime(build("cuda"))
+    plan.check_runtime(build("cpu"))
