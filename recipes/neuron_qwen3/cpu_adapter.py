@@ -1,0 +1,151 @@
+"""Lets torchtitan 0.3.0 train on a CPU-only host (gloo), for tests, CI and laptops.
+
+torchtitan assumes an accelerator. Each patch below names the upstream behaviour it works
+around; tests/test_cpu_adapter.py has one test per patch that fails when it is removed.
+The adapter is applied only when torch sees no accelerator (see `needed`), so it is inert on
+Neuron and CUDA, and it refuses to run against a torchtitan it was not written for.
+
+Must run before anything imports torchtitan's trainer: torchtitan binds the device type at
+import time (`from torchtitan.tools.utils import device_type`).
+"""
+
+import os
+import resource
+import sys
+import types
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import AuxOutput, BlockMask, create_block_mask, create_mask
+
+SUPPORTED_TORCHTITAN = "0.3.0"
+
+
+def needed() -> bool:
+    """True when torch finds no accelerator: the case torchtitan mistakes for CUDA."""
+    return torch._utils._get_available_device_type() is None
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _total_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _cpu_device_module() -> types.SimpleNamespace:
+    """The slice of the torch.cuda API torchtitan calls, answered for the host.
+
+    Peak memory is the process's peak resident set size, so the trainer's memory line means
+    something on CPU too (reset_peak_memory_stats cannot lower a kernel counter: it is a no-op).
+    """
+    peak = lambda: {"active_bytes.all.peak": _peak_rss_bytes(), "reserved_bytes.all.peak": _peak_rss_bytes()}
+    return types.SimpleNamespace(
+        set_device=lambda device: None,
+        current_device=lambda: 0,
+        device_count=lambda: 1,
+        synchronize=lambda *a, **k: None,
+        empty_cache=lambda: None,
+        reset_peak_memory_stats=lambda *a, **k: None,
+        get_device_name=lambda *a, **k: "cpu",
+        get_device_properties=lambda *a, **k: types.SimpleNamespace(name="cpu", total_memory=_total_memory_bytes()),
+        memory_stats=lambda *a, **k: peak(),
+        is_available=lambda: True,
+    )
+
+
+def dense_attention(q, k, v, block_mask: BlockMask, *, scale=None, enable_gqa=False, return_lse=False):
+    """flex_attention's maths with the block mask materialised: flex has no CPU backward.
+
+    q, k, v are (batch, heads, seq, head_dim). Returns (out, lse or None).
+    """
+    mask = create_mask(block_mask.mask_mod, q.shape[0], 1, q.shape[2], k.shape[2], device=q.device)
+    if not return_lse:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa), None
+    if enable_gqa:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    scores = scores.float().masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.exp(scores - lse.unsqueeze(-1)).to(v.dtype) @ v
+    return out, lse
+
+
+def _native_flex_attention(q, k, v, *, score_mod, block_mask, scale, enable_gqa, return_aux, kernel_options):
+    """Stands in for `FlexAttention.compiled_flex_attn` (torchtitan/models/common/attention.py)."""
+    assert score_mod is None, "the CPU attention stand-in supports mask_mod only, not score_mod"
+    out, lse = dense_attention(q, k, v, block_mask, scale=scale, enable_gqa=enable_gqa, return_lse=return_aux.lse)
+    return out, AuxOutput(lse=lse)
+
+
+def _hf_flex_attention_forward(module, query, key, value, attention_mask, scaling=None, softcap=None, **kwargs):
+    """Stands in for transformers' `flex_attention_forward`, which the transformers backend calls."""
+    assert softcap is None and kwargs.get("s_aux") is None and kwargs.get("position_bias") is None, (
+        "the CPU attention stand-in does not support softcap, attention sinks or position bias"
+    )
+    assert isinstance(attention_mask, BlockMask), f"expected a flex BlockMask, got {type(attention_mask)}"
+    out, _ = dense_attention(query, key, value, attention_mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _force_sum_reduction(original):
+    """Wraps fsdp.disable_fsdp_gradient_division: torchtitan's divide factor of 1.0 makes FSDP2
+    reduce with ReduceOp.PREMUL_SUM, which gloo rejects; plain SUM is equivalent here."""
+
+    def disable_fsdp_gradient_division(model):
+        original(model)
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+
+    return disable_fsdp_gradient_division
+
+
+_active = False
+
+
+def activate() -> None:
+    """Apply every CPU patch. Idempotent; must precede the import of torchtitan.trainer."""
+    global _active
+    if _active:
+        return
+    import torchtitan
+
+    if torchtitan.__version__ != SUPPORTED_TORCHTITAN:
+        raise RuntimeError(
+            f"neuron_qwen3.cpu_adapter patches torchtitan {SUPPORTED_TORCHTITAN} internals; "
+            f"found torchtitan {torchtitan.__version__}"
+        )
+    if "torchtitan.trainer" in sys.modules:
+        raise RuntimeError("cpu_adapter.activate() must run before torchtitan.trainer is imported")
+
+    # 1. torchtitan/tools/utils.py: `device_type = _get_available_device_type() or "cuda"` picks
+    #    CUDA when there is no accelerator; with "cpu" the process group becomes gloo. Modules
+    #    imported after this line bind the patched values.
+    import torchtitan.tools.utils as tt_utils
+
+    tt_utils.device_type, tt_utils.device_module = "cpu", _cpu_device_module()
+
+    # 2. gloo has no PREMUL_SUM (see _force_sum_reduction). Patched before the transformers
+    #    backend is imported below, because its parallelize module binds this function by name.
+    import torchtitan.distributed.fsdp as tt_fsdp
+
+    tt_fsdp.disable_fsdp_gradient_division = _force_sum_reduction(tt_fsdp.disable_fsdp_gradient_division)
+
+    # 3. torchtitan's language models accept only flex/varlen attention, and flex_attention has
+    #    no backward on CPU: run the same masked attention densely, in both the native models
+    #    and the transformers backend (which routes through transformers' flex integration).
+    #    The block mask itself is built by a torch.compile'd create_block_mask; the dense path
+    #    only needs its mask_mod, so build it eagerly (saves ~20 s of Inductor per run on CPU).
+    import torchtitan.models.common.attention as tt_attention
+
+    tt_attention.FlexAttention.compiled_flex_attn = staticmethod(_native_flex_attention)
+    tt_attention._compiled_create_block_mask = create_block_mask
+    import torchtitan.experiments.transformers_modeling_backend.model as hf_backend_model
+
+    hf_backend_model.flex_attention_forward = _hf_flex_attention_forward
+    _active = True

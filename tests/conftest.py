@@ -1,0 +1,28 @@
+"""Shared helpers: where things are, and how to run a Python snippet the way a worker runs."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = REPO / "recipes"
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+
+
+def worker_env(**extra) -> dict:
+    """The environment the launcher gives a worker: recipes importable, offline, unbuffered."""
+    env = dict(os.environ, PYTHONPATH=str(RECIPES), PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.update(extra)
+    return env
+
+
+def run_scenario(name: str, *args: str, nproc: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run tests/scenarios/<name>.py in a fresh interpreter (patches are process-global)."""
+    script = str(SCENARIOS / f"{name}.py")
+    if nproc == 1:
+        cmd = [sys.executable, script, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", script, *args]
+    return subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)

@@ -1,0 +1,19 @@
+"""Which device torchtitan picks on this host; prints it.
+
+argv[1]: "patched" applies the CPU adapter first, "upstream" does not.
+"""
+
+import os
+import sys
+
+if sys.argv[1] == "patched":
+    from neuron_qwen3 import cpu_adapter
+
+    cpu_adapter.activate()
+from torchtitan.components.metrics import build_device_memory_monitor
+from torchtitan.tools.utils import device_type, get_local_device
+
+os.environ.setdefault("LOCAL_RANK", "0")
+print(f"device_type={device_type} local_device={get_local_device()}")
+monitor = build_device_memory_monitor()
+print(f"peak_gib={monitor.get_peak_stats().max_reserved_gib:.3f}")

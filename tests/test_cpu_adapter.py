@@ -1,0 +1,88 @@
+"""Each CPU-adapter patch: the upstream failure it works around, and that the patch removes it.
+
+Every scenario runs twice in fresh interpreters: without the adapter it must fail the way
+torchtitan 0.3.0 fails on CPU (if upstream fixes it, the test says the patch can go), and with
+the adapter it must work. Run: .venv/bin/python -m pytest tests/test_cpu_adapter.py
+"""
+
+import re
+import sys
+
+import pytest
+
+from conftest import RECIPES, run_scenario
+
+sys.path.insert(0, str(RECIPES))
+
+
+def test_device_is_cpu_only_with_adapter():
+    upstream = run_scenario("device_selection", "upstream")
+    assert upstream.returncode != 0 and "NVIDIA driver" in upstream.stderr + upstream.stdout
+    patched = run_scenario("device_selection", "patched")
+    assert patched.returncode == 0, patched.stderr
+    assert "device_type=cpu local_device=cpu:0" in patched.stdout
+    peak = float(re.search(r"peak_gib=([\d.]+)", patched.stdout).group(1))
+    assert 0.05 < peak < 8, "peak memory should be this process's resident set"
+
+
+def test_native_attention_backward_on_cpu():
+    upstream = run_scenario("flex_attention_backward", "upstream")
+    assert upstream.returncode != 0 and "does not support backward on CPU" in upstream.stderr
+    patched = run_scenario("flex_attention_backward", "patched")
+    assert patched.returncode == 0, patched.stderr
+    err = float(re.search(r"max_abs_err=(\S+)", patched.stdout).group(1))
+    assert err < 1e-5 and "grad_finite=True" in patched.stdout
+
+
+def test_transformers_backend_attention_on_cpu():
+    upstream = run_scenario("hf_flex_attention", "upstream")
+    assert upstream.returncode != 0
+    patched = run_scenario("hf_flex_attention", "patched")
+    assert patched.returncode == 0, patched.stderr
+    assert float(re.search(r"max_abs_err=(\S+)", patched.stdout).group(1)) < 1e-5
+
+
+def test_fsdp_gradient_reduction_over_gloo():
+    upstream = run_scenario("fsdp_gloo", "upstream", nproc=2)
+    assert upstream.returncode != 0 and "PREMUL_SUM" in upstream.stdout + upstream.stderr
+    patched = run_scenario("fsdp_gloo", "patched", nproc=2)
+    assert patched.returncode == 0, patched.stderr[-2000:]
+    assert "grad ok rank=0" in patched.stdout and "grad ok rank=1" in patched.stdout
+
+
+def test_lse_path_matches_logsumexp():
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from neuron_qwen3.cpu_adapter import dense_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    mask = create_block_mask(lambda b, h, qi, ki: ki <= qi, 1, None, 16, 16, device="cpu")
+    out, lse = dense_attention(q, k, v, mask, return_lse=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    scores = (q @ k.transpose(-2, -1)) / 8**0.5
+    scores = scores.masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1))
+
+
+def test_refuses_other_torchtitan_versions(monkeypatch):
+    import torchtitan
+
+    from neuron_qwen3 import cpu_adapter
+
+    monkeypatch.setattr(torchtitan, "__version__", "0.4.0")
+    monkeypatch.setattr(cpu_adapter, "_active", False)
+    with pytest.raises(RuntimeError, match="found torchtitan 0.4.0"):
+        cpu_adapter.activate()
+
+
+def test_inert_when_an_accelerator_exists(monkeypatch):
+    import torch
+
+    from neuron_qwen3 import cpu_adapter
+
+    assert cpu_adapter.needed()  # this host has none
+    monkeypatch.setattr(torch._utils, "_get_available_device_type", lambda: "neuron")
+    assert not cpu_adapter.needed()
