@@ -5,12 +5,16 @@ interface: `--help` prints it, the tests iterate over it, and the README's env t
 Bad input stops the launcher before anything starts, with one line naming the variable and what it accepts.
 """
 
+import ipaddress
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from entrypoint.variants import DEFAULT_VARIANT, SCALES, VARIANTS
 
+HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+WORD = re.compile(r"[A-Za-z0-9._-]+")
 SWITCH = {"0": False, "false": False, "no": False, "off": False, "1": True, "true": True, "yes": True, "on": True}
 
 
@@ -33,14 +37,19 @@ def positive_int(raw):
     return int(raw)
 
 
+def span(part):
+    """`3` or `0-3` -> (the low end as written, range); `3-1`, `3-`, `-3` and non-digits are refused."""
+    low, dash, high = part.partition("-")
+    if not low.isdigit() or (dash and not high.isdigit()) or int(low) > int(high or low):
+        raise ValueError
+    return low, range(int(low), int(high or low) + 1)
+
+
 def core_list(raw):
     """`3`, `0-3`, `0-3,8`, `0,2,4-7` -> (ids...); reversed ranges and duplicates are refused."""
     ids = []
     for part in raw.split(","):
-        low, _, high = part.strip().partition("-")
-        if not low.isdigit() or not (high or low).isdigit() or int(low) > int(high or low):
-            raise ValueError
-        ids.extend(range(int(low), int(high or low) + 1))
+        ids.extend(span(part.strip())[1])
     if len(set(ids)) != len(ids):
         raise ValueError
     return tuple(ids)
@@ -54,6 +63,76 @@ def comma_list(raw):
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
+def non_negative_int(raw):
+    if not raw.isdigit():
+        raise ValueError
+    return int(raw)
+
+
+def port(raw):
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise ValueError
+    return int(raw)
+
+
+def host(raw):
+    """A host name or an IPv4/IPv6 address, as a rendezvous endpoint needs it."""
+    try:
+        ipaddress.ip_address(raw)
+        return raw
+    except ValueError:
+        if not HOST.fullmatch(raw):
+            raise
+    return raw
+
+
+def word(raw):
+    if not WORD.fullmatch(raw):
+        raise ValueError
+    return raw
+
+
+def procs_per_node(raw):
+    return raw if raw == "auto" else positive_int(raw)
+
+
+def keep_count(raw):
+    count = non_negative_int(raw)
+    if count == 1:  # torchtitan keeps at least two: the newest may be half-written
+        raise ValueError
+    return count
+
+
+def node_list(raw):
+    """Slurm's compressed host list: `trn-[001-003,007],head[1-2]` -> ("trn-001", ..., "head2"), padding kept."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(raw + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise ValueError
+        if char == "," and depth == 0:
+            items.append(raw[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError
+    return tuple(word(host) for item in items for host in _expand(item))
+
+
+def _expand(item):
+    """One item of a host list, every bracket group expanded (`r[1-2]n[7,9]` -> r1n7, r1n9, r2n7, r2n9)."""
+    head, bracket, rest = item.partition("[")
+    if not bracket:
+        return [item]
+    ranges, closed, tail = rest.partition("]")
+    if not closed or not ranges:
+        raise ValueError
+    numbers = []
+    for part in ranges.split(","):
+        low, numbers_in = span(part)
+        numbers.extend(str(n).zfill(len(low)) for n in numbers_in)  # `001-003`: 001, 002, 003
+    return [head + number + end for number in numbers for end in _expand(tail)]
+
+
 @dataclass(frozen=True)
 class Var:
     name: str
@@ -61,6 +140,7 @@ class Var:
     allowed: str  # completes "NAME='x' is not ..." in errors
     meaning: str
     parse: Callable[[str], object] = str  # raises ValueError on a value outside `allowed`
+    group: str = "run"  # the docs' table it belongs to: run, paths, rendezvous, kubeflow, slurm, faults, preflight
 
 
 VARS = (
@@ -72,22 +152,74 @@ VARS = (
         "1: torch.compile (backend `neuron` on Trainium, `inductor` elsewhere); 0: eager", switch),
     Var("STEPS", None, "a positive integer", "training steps (`--training.steps`); default: the config's",
         positive_int),
-    Var("NPROC", None, "a positive integer", "processes; default one per logical NeuronCore or GPU, 1 on CPU",
+    Var("NPROC", None, "a positive integer",
+        "processes per node; default PET_NPROC_PER_NODE, else one per logical NeuronCore or GPU, 1 on CPU",
         positive_int),
     Var("EXTRA_ARGS", "", "shell words", "extra torchtitan arguments, appended last",
         lambda raw: tuple(shlex.split(raw))),
     Var("ASSETS_DIR", "./assets/hf", "a path",
-        "full scale: `--hf_assets_path $ASSETS_DIR/<repo name>` (e.g. `Qwen3-4B`)"),
-    Var("OUTPUT_DIR", "./outputs", "a path", "checkpoints, logs, traces (`--dump_folder`)"),
+        "full scale: `--hf_assets_path $ASSETS_DIR/<repo name>` (e.g. `Qwen3-4B`); fetched from the Hub when "
+        "missing", group="paths"),
+    Var("OUTPUT_DIR", "./outputs", "a path", "logs, traces (`--dump_folder`)", group="paths"),
     Var("CACHE_DIR", "./cache", "a path",
-        "compile caches (`neff/`, `hlo/`, `nki/` on Neuron, `inductor/` elsewhere): mount it to keep them"),
+        "compile caches, per variant: `<variant>/{neff,hlo,nki}` on Neuron, `<variant>/inductor` elsewhere; "
+        "mount it to keep them", group="paths"),
+    Var("CHECKPOINT_DIR", None, "a path",
+        "checkpoints (`step-N/`), shared by every node; set: save every CHECKPOINT_INTERVAL steps and resume from "
+        "the newest complete one; unset: no checkpoints", group="paths"),
     Var("NEURON_LOGICAL_NC_CONFIG", "2", "one of: 1, 2",
         "physical NeuronCores per logical core: 2 -> 4 cores per trn2 device, 1 -> 8", choice(("1", "2"))),
     Var("NEURON_RT_VISIBLE_CORES", None, "a core list like 3, 0-3 or 0-3,8 (ascending, no repeats)",
         "logical NeuronCores to use; default all", core_list),
     Var("CUDA_VISIBLE_DEVICES", None, "a comma list of GPU indices", "GPUs to use; empty: none", comma_list),
     Var("HF_TOKEN", None, "a token", "Hub token for gated downloads; never printed"),
-    Var("NEURON_QWEN3_ROOT", "/", "a path", "filesystem root for device discovery (tests point it at a fake `/dev`)"),
+    Var("HF_HUB_OFFLINE", "0", "one of: " + ", ".join(SWITCH),
+        "1: never download; full-scale assets missing from ASSETS_DIR is then an error", switch),
+    Var("NEURON_QWEN3_ROOT", "/", "a path",
+        "filesystem root for device discovery and the /dev checks (tests point it at a fake `/dev`)"),
+    # ---- multi-node: plain variables win over an engine's, field by field
+    Var("NNODES", None, "a positive integer", "nodes in the job; default PET_NNODES, SLURM_NNODES, else 1",
+        positive_int, "rendezvous"),
+    Var("NODE_RANK", None, "an integer from 0", "this node's rank; 0 hosts the rendezvous; default PET_NODE_RANK, "
+        "SLURM_NODEID, else 0", non_negative_int, "rendezvous"),
+    Var("MASTER_ADDR", None, "a host name or IP address",
+        "rendezvous host (node rank 0); default PET_MASTER_ADDR, the first host of SLURM_JOB_NODELIST", host,
+        "rendezvous"),
+    Var("MASTER_PORT", None, "a port (1-65535)", "rendezvous port; default PET_MASTER_PORT, else 29500", port,
+        "rendezvous"),
+    Var("RDZV_ID", None, "letters, digits, `.`, `_`, `-`",
+        "rendezvous id, the same on every node; default SLURM_JOB_ID, else `neuron-qwen3`", word, "rendezvous"),
+    Var("PET_NNODES", None, "a positive integer", "set by Kubeflow Trainer: nodes", positive_int, "kubeflow"),
+    Var("PET_NODE_RANK", None, "an integer from 0", "set by Kubeflow Trainer: this node's rank", non_negative_int,
+        "kubeflow"),
+    Var("PET_MASTER_ADDR", None, "a host name or IP address", "set by Kubeflow Trainer: node 0's address", host,
+        "kubeflow"),
+    Var("PET_MASTER_PORT", None, "a port (1-65535)", "set by Kubeflow Trainer: rendezvous port", port, "kubeflow"),
+    Var("PET_NPROC_PER_NODE", None, "auto or a positive integer",
+        "set by Kubeflow Trainer (`numProcPerNode`): processes per node; `auto`: every core found", procs_per_node,
+        "kubeflow"),
+    Var("SLURM_NNODES", None, "a positive integer", "set by Slurm: nodes in the allocation", positive_int, "slurm"),
+    Var("SLURM_NODEID", None, "an integer from 0", "set by Slurm: this node's index in the allocation",
+        non_negative_int, "slurm"),
+    Var("SLURM_JOB_NODELIST", None, "a Slurm node list like trn-[001-003,007]",
+        "set by Slurm: the allocation's hosts; the first one hosts the rendezvous", node_list, "slurm"),
+    Var("SLURM_JOB_ID", None, "letters, digits, `.`, `_`, `-`", "set by Slurm: the job id, used as RDZV_ID", word,
+        "slurm"),
+    # ---- faults and stops
+    Var("CHECKPOINT_INTERVAL", "100", "a positive integer", "steps between checkpoints (`--checkpoint.interval`)",
+        positive_int, "faults"),
+    Var("CHECKPOINT_KEEP", "3", "0 or an integer from 2", "checkpoints kept, newest first; 0 keeps all "
+        "(`--checkpoint.keep_latest_k`)", keep_count, "faults"),
+    Var("MAX_RESTARTS", "0", "an integer from 0", "torchrun `--max-restarts`: worker failures survived in place, "
+        "each resuming from the newest checkpoint", non_negative_int, "faults"),
+    Var("STOP_GRACE", "20", "a positive integer (seconds)", "after SIGTERM/SIGINT, seconds before the launcher "
+        "SIGKILLs every process it started", positive_int, "faults"),
+    # ---- preflight
+    Var("PREFLIGHT", "strict", "one of: strict, warn",
+        "strict: a failed preflight check stops the launch (exit 2); warn: it is printed as a warning",
+        choice(("strict", "warn")), "preflight"),
+    Var("NEURON_CC_FLAGS", None, "shell words", "Neuron compiler flags; its `--lnc` must equal "
+        "NEURON_LOGICAL_NC_CONFIG", lambda raw: tuple(shlex.split(raw)), "preflight"),
 )
 
 
@@ -104,11 +236,33 @@ class Settings:
     assets_dir: str
     output_dir: str
     cache_dir: str
+    checkpoint_dir: str | None
     neuron_logical_nc_config: str
     neuron_rt_visible_cores: tuple | None
     cuda_visible_devices: tuple | None
     hf_token: str | None = field(repr=False)
+    hf_hub_offline: bool
     neuron_qwen3_root: str
+    nnodes: int | None
+    node_rank: int | None
+    master_addr: str | None
+    master_port: int | None
+    rdzv_id: str | None
+    pet_nnodes: int | None
+    pet_node_rank: int | None
+    pet_master_addr: str | None
+    pet_master_port: int | None
+    pet_nproc_per_node: int | str | None
+    slurm_nnodes: int | None
+    slurm_nodeid: int | None
+    slurm_job_nodelist: tuple | None
+    slurm_job_id: str | None
+    checkpoint_interval: int
+    checkpoint_keep: int
+    max_restarts: int
+    stop_grace: int
+    preflight: str
+    neuron_cc_flags: tuple | None
 
 
 def parse(env) -> Settings:

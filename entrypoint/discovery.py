@@ -23,6 +23,7 @@ class Devices:
     nodes: tuple = ()  # device node names, e.g. ("neuron0", "neuron1")
     lnc: int | None = None  # logical NeuronCore config
     visible_cores: tuple | None = None  # NEURON_RT_VISIBLE_CORES, expanded
+    held: tuple = ()  # (device node, pid, command) of each process neuron-ls shows on a device
 
 
 def _numbered(root, prefix):
@@ -35,22 +36,28 @@ def _numbered(root, prefix):
 
 
 def run_neuron_ls():
-    """The devices `neuron-ls -j` lists (number and LNC-adjusted core count), or None if it is absent or fails."""
+    """The devices `neuron-ls -j` lists (number, LNC-adjusted core count, the processes using it), or None if
+    it is absent or fails. A process entry is read as {"pid": N, "command": "..."}; other keys are ignored."""
     exe = shutil.which("neuron-ls")
     if not exe:
         return None
     try:
         listing = json.loads(subprocess.run([exe, "-j"], capture_output=True, check=True, timeout=60).stdout)
-        return [{"neuron_device": int(d["neuron_device"]), "nc_count": int(d["nc_count"])} for d in listing]
-    except (OSError, subprocess.SubprocessError, ValueError, TypeError, KeyError):
+        return [{"neuron_device": int(d["neuron_device"]), "nc_count": int(d["nc_count"]),
+                 "processes": [(int(p.get("pid", -1)), str(p.get("command", "?")))
+                               for p in d.get("neuron_processes") or ()]} for d in listing]
+    except (OSError, subprocess.SubprocessError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
 def neuron(root="/", lnc=2, visible=None, listing=None):
     """Logical NeuronCores from a neuron-ls listing (nc_count is LNC-adjusted), else /dev/neuronN x (8 // LNC)."""
+    held = ()
     if listing:
         nodes = tuple(f"neuron{device['neuron_device']}" for device in listing)
         total = sum(device["nc_count"] for device in listing)
+        held = tuple((f"neuron{device['neuron_device']}", pid, command)
+                     for device in listing for pid, command in device.get("processes", ()))
     else:
         numbers = _numbered(root, "neuron")
         if not numbers:
@@ -66,7 +73,7 @@ def neuron(root="/", lnc=2, visible=None, listing=None):
         if missing:
             raise UsageError(f"NEURON_RT_VISIBLE_CORES names core {missing[0]}, but the {len(nodes)} Neuron devices "
                              f"have logical cores 0-{total - 1} (NEURON_LOGICAL_NC_CONFIG={lnc})")
-    return Devices("neuron", len(visible) if visible else total, nodes, lnc, visible)
+    return Devices("neuron", len(visible) if visible else total, nodes, lnc, visible, held)
 
 
 def cuda(root="/", visible=None):

@@ -1,35 +1,141 @@
-"""Run the planned command as PID 1's child and pass every stop signal on to all of its processes.
+"""Run the planned command as PID 1's child, pass every signal on to all of its processes, bound the stop.
 
-The child gets its own process group, so `docker stop` (SIGTERM) or Ctrl-C reaches torchrun and every worker
-at once instead of only torchrun; the launcher exits with the child's status (128 + N if killed by signal N).
+The child gets its own process group. torchrun starts each worker in a session of its own, so signalling the
+child's group reaches torchrun only: the launcher signals every process group found under the child in /proc
+(torchrun's, each worker's with its dataloader and compiler children), so `docker stop` (SIGTERM) or Ctrl-C
+reaches every process at once. After the first SIGTERM, SIGINT or SIGHUP those groups have `grace` seconds
+(STOP_GRACE) to exit; then the launcher SIGKILLs all of them, including workers torchrun left behind. A stop
+therefore takes at most `grace` seconds plus one polling interval (0.1 s) and the kill: the bound that
+docs/production.md states. The launcher exits with the child's status (128 + N if killed by signal N). As PID 1
+it also reaps the orphans a container's init would, so none is left a zombie.
 """
 
 import os
 import signal
 import subprocess
+import time
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+DEFAULT_GRACE = 20  # seconds; the contract's STOP_GRACE default
+POLL = 0.1  # seconds between looks at the child
+AFTER_KILL = 5  # seconds to wait for the groups to vanish after SIGKILL before giving up on stragglers
 
 
-def run(argv, env) -> int:
+def _say(text):
+    os.write(2, f"entrypoint: {text}\n".encode())  # safe inside a signal handler, unlike print
+
+
+def process_table(proc="/proc"):
+    """{pid: (parent pid, process group, state)} of every process, or None without /proc."""
+    try:
+        names = [name for name in os.listdir(proc) if name.isdigit()]
+    except OSError:
+        return None
+    table = {}
+    for name in names:
+        try:
+            with open(os.path.join(proc, name, "stat")) as f:
+                state, ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]  # after "pid (comm)"
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        table[int(name)] = (int(ppid), int(pgrp), state)
+    return table
+
+
+def process_groups(root_pid, proc="/proc") -> set:
+    """The process group of `root_pid` and of every process below it (from /proc; just its own without /proc)."""
+    table = process_table(proc)
+    if table is None:
+        return {root_pid}
+    children = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    groups, stack = {root_pid}, [root_pid]
+    while stack:
+        for pid in children.get(stack.pop(), ()):
+            groups.add(table[pid][1])
+            stack.append(pid)
+    return groups
+
+
+def _signal_groups(groups, signum):
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signum)
+        except (ProcessLookupError, PermissionError):  # gone, or (pgid reused) not ours
+            pass
+
+
+def _any_alive(groups) -> bool:
+    """Whether a process of `groups` still runs; zombies waiting for their reaper do not count."""
+    table = process_table()
+    if table is not None:
+        return any(pgrp in groups and state != "Z" for _, pgrp, state in table.values())
+    for pgid in groups:
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            continue
+    return False
+
+
+def _reap(child) -> int | None:
+    """The child's return code once it has exited (None before); as PID 1, reap every other exited process too."""
+    if os.getpid() != 1:
+        return child.poll()
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return child.returncode
+        if pid == 0:
+            return child.returncode
+        if pid == child.pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+
+
+def run(argv, env, grace=DEFAULT_GRACE) -> int:
     child = None
     early = []  # signals that arrived before the child existed
+    deadline = None  # set by the first stop signal
+    groups = set()  # every process group seen under the child since the stop began
 
     def forward(signum, _frame):
+        nonlocal deadline
+        if signum in STOPS and deadline is None:
+            deadline = time.monotonic() + grace
+            _say(f"{signal.Signals(signum).name}: stopping; whatever still runs in {grace} s is killed")
         if child is None:
             early.append(signum)
             return
-        try:
-            os.killpg(child.pid, signum)
-        except ProcessLookupError:  # the group is already gone
-            pass
+        found = process_groups(child.pid)
+        if deadline is not None:
+            groups.update(found)
+        _signal_groups(found, signum)
 
     previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
     try:
         child = subprocess.Popen(argv, env=env, start_new_session=True)
         for signum in early:
             forward(signum, None)
-        code = child.wait()
+        code, killed_at = None, None
+        while True:
+            if code is None:
+                code = _reap(child)
+            if code is not None and (deadline is None or not _any_alive(groups)):
+                break  # done; after a stop, only once nothing that was signalled is left
+            now = time.monotonic()
+            if deadline is not None and now >= deadline and killed_at is None:
+                groups.update(process_groups(child.pid))
+                _say(f"still running {grace} s after the stop signal: killing process groups "
+                     f"{', '.join(map(str, sorted(groups)))}")
+                _signal_groups(groups, signal.SIGKILL)
+                killed_at = now
+            if killed_at is not None and code is not None and now - killed_at > AFTER_KILL:
+                break
+            time.sleep(POLL)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

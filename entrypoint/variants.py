@@ -16,6 +16,7 @@ class Variant:
     summary: str
     hf_repo: str  # Hub repo of the full-scale model assets (tokenizer, config, weights)
     configs: dict  # scale -> config function in neuron_qwen3.config_registry
+    hf_config_arg: str | None = None  # full scale: the flag that must point at the assets folder's config.json
 
 
 VARIANTS = {
@@ -26,6 +27,7 @@ VARIANTS = {
             summary="Hugging Face Transformers v5 modeling backend, Qwen/Qwen3-4B-Instruct-2507",
             hf_repo="Qwen/Qwen3-4B-Instruct-2507",
             configs={"full": "v5_qwen3_4b", "smoke": "v5_qwen3_smoke"},
+            hf_config_arg="--hf_model",  # else AutoConfig asks the Hub for the repo id, offline too
         ),
         Variant(
             name="native",

@@ -94,7 +94,20 @@ def test_dry_run_does_not_import_torch(tmp_path):
     lines = result.stderr.splitlines()
     modules = [line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")]
     assert "entrypoint.plan" in modules
-    assert not [m for m in modules if m.split(".")[0] in ("torch", "torch_neuronx", "torchtitan")]
+    assert not [m for m in modules if m.split(".")[0] in ("torch", "torch_neuronx", "torchtitan", "huggingface_hub")]
+
+
+def test_every_launcher_module_is_stdlib_only():
+    """The launch path (preflight, checkpoints, assets, rendezvous, launch) imports nothing outside the stdlib."""
+    code = ("import sys, sysconfig; import entrypoint.cli, entrypoint.preflight, entrypoint.checkpoints, "
+            "entrypoint.fetch_assets, entrypoint.rendezvous, entrypoint.launch; "
+            "roots = {sysconfig.get_path(k) for k in ('stdlib', 'platstdlib')}; "
+            "print('\\n'.join(m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None) "
+            "and not any(m.__file__.startswith(r) for r in roots)))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    outside = [path for path in result.stdout.split() if not path.startswith(str(REPO / "entrypoint"))]
+    assert outside == []
 
 
 def test_list_and_help(tmp_path):
@@ -109,14 +122,16 @@ def test_list_and_help(tmp_path):
 
 def test_launch_line_redacts_the_token_and_returns_the_child_status(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(os, "environ", {"NEURON_QWEN3_ROOT": str(tmp_path), "HF_TOKEN": "hf_do_not_print",
-                                        "EXTRA_ARGS": "--x hf_do_not_print"})
+                                        "EXTRA_ARGS": "--x hf_do_not_print", "SCALE": "smoke",
+                                        "CACHE_DIR": str(tmp_path / "cache"), "OUTPUT_DIR": str(tmp_path / "out")})
     launched = []
-    monkeypatch.setattr(launch, "run", lambda argv, env: launched.append((argv, env)) or 5)
+    monkeypatch.setattr(launch, "run", lambda argv, env, grace: launched.append((argv, env, grace)) or 5)
     assert cli.main([]) == 5
     line = capsys.readouterr().out
     assert line.count("\n") == 1 and "torch.distributed.run" in line
     assert "hf_do_not_print" not in line and line.rstrip().endswith("--x ***")
     assert launched[0][1]["HF_TOKEN"] == "hf_do_not_print"  # redacted in print only
+    assert launched[0][2] == int(VAR["STOP_GRACE"].default)
 
 
 CHILD = """

@@ -36,6 +36,20 @@ def test_visible_core_forms(raw, cores):
     assert contract.parse({"NEURON_RT_VISIBLE_CORES": raw}).neuron_rt_visible_cores == cores
 
 
+def test_faults_and_preflight_values():
+    settings = contract.parse({"CHECKPOINT_DIR": "/c", "CHECKPOINT_INTERVAL": "5", "CHECKPOINT_KEEP": "0",
+                               "MAX_RESTARTS": "2", "STOP_GRACE": "7", "PREFLIGHT": "warn", "HF_HUB_OFFLINE": "1",
+                               "NEURON_CC_FLAGS": "--lnc=2 -O1"})
+    assert (settings.checkpoint_dir, settings.checkpoint_interval, settings.checkpoint_keep, settings.max_restarts,
+            settings.stop_grace, settings.preflight, settings.hf_hub_offline, settings.neuron_cc_flags) == (
+        "/c", 5, 0, 2, 7, "warn", True, ("--lnc=2", "-O1"))
+
+
+def test_every_variable_has_a_docs_group():
+    assert {var.group for var in contract.VARS} == {"run", "paths", "rendezvous", "kubeflow", "slurm", "faults",
+                                                    "preflight"}
+
+
 def test_numbers_and_words():
     settings = contract.parse({"STEPS": "10", "NPROC": "4", "EXTRA_ARGS": "--a 'b c'", "CUDA_VISIBLE_DEVICES": ""})
     assert (settings.steps, settings.nproc, settings.extra_args) == (10, 4, ("--a", "b c"))
@@ -45,7 +59,10 @@ def test_numbers_and_words():
 BAD = [("VARIANT", "foo"), ("VARIANT", ""), ("SCALE", "huge"), ("COMPILE", "maybe"), ("STEPS", "abc"), ("STEPS", "0"),
        ("STEPS", "-1"), ("STEPS", "1.5"), ("NPROC", "x"), ("NPROC", "0"), ("NEURON_LOGICAL_NC_CONFIG", "3"),
        ("NEURON_RT_VISIBLE_CORES", "3-1"), ("NEURON_RT_VISIBLE_CORES", "0-3,2"), ("NEURON_RT_VISIBLE_CORES", "a"),
-       ("NEURON_RT_VISIBLE_CORES", ""), ("NEURON_RT_VISIBLE_CORES", "1,,2"), ("EXTRA_ARGS", "--a 'open")]
+       ("NEURON_RT_VISIBLE_CORES", ""), ("NEURON_RT_VISIBLE_CORES", "1,,2"), ("NEURON_RT_VISIBLE_CORES", "3-"),
+       ("NEURON_RT_VISIBLE_CORES", "-3"), ("EXTRA_ARGS", "--a 'open"), ("CHECKPOINT_INTERVAL", "0"),
+       ("CHECKPOINT_KEEP", "1"), ("CHECKPOINT_KEEP", "-2"), ("MAX_RESTARTS", "-1"), ("STOP_GRACE", "0"),
+       ("STOP_GRACE", "1.5"), ("PREFLIGHT", "off"), ("HF_HUB_OFFLINE", "maybe"), ("NEURON_CC_FLAGS", "--lnc='2")]
 
 
 @pytest.mark.parametrize("name, raw", BAD)

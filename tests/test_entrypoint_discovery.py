@@ -79,7 +79,10 @@ def test_run_neuron_ls_without_the_tool(monkeypatch):
 
 
 @pytest.mark.parametrize("output, expected", [
-    (json.dumps(listing(2, 4)), [{"neuron_device": 0, "nc_count": 4}, {"neuron_device": 1, "nc_count": 4}]),
+    (json.dumps(listing(2, 4)), [{"neuron_device": 0, "nc_count": 4, "processes": []},
+                                 {"neuron_device": 1, "nc_count": 4, "processes": []}]),
+    (json.dumps([{**listing(1, 4)[0], "neuron_processes": [{"pid": 42, "command": "python", "x": 1}]}]),
+     [{"neuron_device": 0, "nc_count": 4, "processes": [(42, "python")]}]),
     ('{"error": "no devices"}', None), ("[1]", None), ("not json", None)])
 def test_neuron_ls_output(tmp_path, monkeypatch, output, expected):
     (tmp_path / "out.json").write_text(output)

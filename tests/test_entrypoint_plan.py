@@ -3,7 +3,6 @@
 Run: .venv/bin/python -m pytest tests/test_entrypoint_plan.py -q
 """
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -67,14 +66,14 @@ def test_steps_paths_and_extra_args_last():
 
 def test_environment_on_each_platform():
     recipes = str(Path(plan.__file__).resolve().parent.parent / "recipes")
-    cache = os.path.abspath("./cache")
+    cache = os.path.abspath("./cache/native")  # one folder per variant
     neuron = build("neuron", NEURON_RT_VISIBLE_CORES="0-63").env
     assert neuron == {"PYTHONPATH": recipes, "PYTHONUNBUFFERED": "1", "NEURON_LOGICAL_NC_CONFIG": "2",
                       "NEURON_RT_VISIBLE_CORES": "0-63", "TORCH_NEURONX_NEFF_CACHE_DIR": f"{cache}/neff",
                       "TORCH_NEURONX_HLO_CACHE_DIR": f"{cache}/hlo", "NKI_COMPILE_CACHE_URL": f"{cache}/nki"}
-    assert build("cuda", CACHE_DIR="/c").env == {"PYTHONPATH": recipes, "PYTHONUNBUFFERED": "1",
-                                                 "NEURON_QWEN3_DEVICE": "cuda",
-                                                 "TORCHINDUCTOR_CACHE_DIR": "/c/inductor"}
+    assert build("cuda", CACHE_DIR="/c", VARIANT="v5").env == {"PYTHONPATH": recipes, "PYTHONUNBUFFERED": "1",
+                                                               "NEURON_QWEN3_DEVICE": "cuda",
+                                                               "TORCHINDUCTOR_CACHE_DIR": "/c/v5/inductor"}
     cpu = build("cpu", NPROC="1").env
     assert (cpu["NEURON_QWEN3_DEVICE"], cpu["OMP_NUM_THREADS"]) == ("cpu", str(os.cpu_count()))
 
@@ -95,9 +94,39 @@ def test_process_count_up_to_what_was_found(kind):
         build(kind, NPROC=str(most + 1))
 
 
-def test_neuron_without_torch_neuronx_is_refused_only_at_launch(monkeypatch):
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(contract.UsageError, match="16 Neuron devices found but the torch_neuronx package"):
-        plan.check_runtime(build("neuron"))
-    plan.check_runtime(build("cuda"))
-    plan.check_runtime(build("cpu"))
+def test_checkpoints_only_when_a_directory_is_given():
+    assert "--checkpoint.enable" not in build("cpu").argv and build("cpu").checkpoint_dir is None
+    p = build("neuron", CHECKPOINT_DIR="ckpt", CHECKPOINT_INTERVAL="25", CHECKPOINT_KEEP="4", EXTRA_ARGS="--x 1")
+    assert p.checkpoint_dir == os.path.abspath("ckpt")
+    assert after(p.argv, "--checkpoint.folder") == os.path.abspath("ckpt")  # torchtitan would put a relative
+    assert after(p.argv, "--checkpoint.interval") == "25"                  # one under --dump_folder
+    assert after(p.argv, "--checkpoint.keep_latest_k") == "4"
+    assert "--checkpoint.enable" in p.argv and "--checkpoint.no-last-save-model-only" in p.argv
+    assert p.argv[-2:] == ("--x", "1")  # EXTRA_ARGS still last: they can override any of these
+
+
+def test_max_restarts_and_its_store_per_attempt():
+    p = build("cpu", MAX_RESTARTS="2")
+    assert p.argv[p.argv.index("--rdzv_endpoint") + 2] == "--max-restarts=2"
+    assert p.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    plain = build("cpu")
+    assert not [a for a in plain.argv if a.startswith("--max-restarts")]
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in plain.env
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_full_scale_assets_and_the_v5_config_source(variant):
+    p = build("neuron", VARIANT=variant, ASSETS_DIR="/a")
+    assets = f"/a/{VARIANTS[variant].hf_repo.split('/')[-1]}"
+    assert p.assets == after(p.argv, "--hf_assets_path") == assets
+    if variant == "v5":  # AutoConfig would otherwise ask the Hub for the repo id
+        assert after(p.argv, "--hf_model") == assets
+    else:
+        assert "--hf_model" not in p.argv
+    assert build("neuron", VARIANT=variant, SCALE="smoke").assets is None
+
+
+def test_each_variant_has_its_own_cache_folders():
+    envs = [build("neuron", VARIANT=v, CACHE_DIR="/c").env for v in VARIANTS]
+    assert [env["TORCH_NEURONX_NEFF_CACHE_DIR"] for env in envs] == [f"/c/{v}/neff" for v in VARIANTS]
+    assert [env["NKI_COMPILE_CACHE_URL"] for env in envs] == [f"/c/{v}/nki" for v in VARIANTS]

@@ -1,0 +1,149 @@
+"""Which checkpoint a restart resumes from, decided before torchrun starts, without torch.
+
+torchtitan resumes from the highest `step-N` folder of the checkpoint folder that holds a `.metadata` file.
+DCP writes `.metadata` last, after every rank's data files, so a save cut short by SIGTERM or SIGKILL leaves a
+folder without it, which torchtitan skips. It does not skip a folder whose `.metadata` is there but whose data is
+not (a truncated copy, a full disk, a lost shard): it loads it and crashes, on every restart. So this module
+checks each `step-N` folder the way DCP will read it: `.metadata` unpickles, and every byte range it points to
+exists in its data file. Folders that fail are moved to `<folder>/incomplete/`, where torchtitan does not look,
+so its own "newest step-N" is the newest complete one, including after torchrun restarts workers in place.
+
+`.metadata` is a pickle of torch classes; it is read with an unpickler that replaces every class by an inert
+stand-in, so no torch import and no code from the file runs.
+"""
+
+import io
+import json
+import os
+import pickle
+import re
+import time
+from dataclasses import dataclass
+
+STEP = re.compile(r"step-(\d+)")  # torchtitan's own pattern, searched in each entry of the folder
+ASIDE = "incomplete"  # holds no "step-N" in its name, so torchtitan neither loads nor purges it
+SAFE = {("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset")}
+
+
+class _Inert:
+    """What every pickled class becomes: it records its arguments and state, and does nothing else."""
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        self.args = args
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and len(state) == 2:  # (dict, slots) from a class with __slots__
+            state = {**(state[0] or {}), **(state[1] or {})}
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in SAFE:
+            return super().find_class(module, name)
+        return type(name, (_Inert,), {"__module__": module})
+
+
+def _storage_ranges(metadata_path):
+    """{data file: bytes it must hold at least} from a DCP `.metadata`; ValueError if it cannot be read."""
+    try:
+        with open(metadata_path, "rb") as f:
+            metadata = _Unpickler(io.BytesIO(f.read())).load()
+    except Exception as error:  # any unpickling failure means a damaged file
+        raise ValueError(f"unreadable .metadata ({type(error).__name__})") from None
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(storage, dict):
+        raise ValueError("unrecognised .metadata (no storage_data)")
+    needed = {}
+    for info in storage.values():
+        path, offset, length = (getattr(info, key, None) for key in ("relative_path", "offset", "length"))
+        if isinstance(path, str) and isinstance(offset, int) and isinstance(length, int):
+            needed[path] = max(needed.get(path, 0), offset + length)
+    return needed
+
+
+def problem(folder) -> str | None:
+    """None if the checkpoint in `folder` is complete, else why not, in a few words."""
+    index = os.path.join(folder, "model.safetensors.index.json")  # torchtitan's other format (HF, last step)
+    if not os.path.isfile(os.path.join(folder, ".metadata")) and os.path.isfile(index):
+        try:
+            with open(index) as f:
+                files = set(json.load(f)["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            return "unreadable model.safetensors.index.json"
+        missing = sorted(name for name in files if not os.path.isfile(os.path.join(folder, name)))
+        return f"{missing[0]} is missing" if missing else None
+    if not os.path.isfile(os.path.join(folder, ".metadata")):
+        return "no .metadata: the save did not finish"
+    try:
+        needed = _storage_ranges(os.path.join(folder, ".metadata"))
+    except ValueError as error:
+        return str(error)
+    for name, size in sorted(needed.items()):
+        try:
+            actual = os.path.getsize(os.path.join(folder, name))
+        except OSError:
+            return f"{name} is missing"
+        if actual < size:
+            return f"{name} has {actual} bytes, .metadata needs {size}"
+    return None
+
+
+@dataclass(frozen=True)
+class Scan:
+    folder: str
+    latest: int | None  # newest complete step, None if there is none
+    broken: tuple  # (entry name, step, why) of each step-N folder that is not complete
+
+
+def scan(folder) -> Scan:
+    """Every `step-N` folder torchtitan would consider, checked; a missing folder is an empty scan."""
+    try:
+        entries = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return Scan(str(folder), None, ())
+    complete, broken = [], []
+    for name in entries:
+        match = STEP.search(name)
+        path = os.path.join(folder, name)
+        if not match or not os.path.isdir(path):
+            continue  # torchtitan ignores these too
+        why = problem(path)
+        if why:
+            broken.append((name, int(match[1]), why))
+        else:
+            complete.append(int(match[1]))
+    return Scan(str(folder), max(complete, default=None), tuple(broken))
+
+
+def set_aside(found: Scan) -> list:
+    """Move every broken step-N folder into <folder>/incomplete/ (kept, not deleted); returns the new paths."""
+    if not found.broken:
+        return []
+    aside = os.path.join(found.folder, ASIDE)
+    os.makedirs(aside, exist_ok=True)
+    moved = []
+    for name, _, _ in found.broken:
+        target = os.path.join(aside, f"{name}.{time.strftime('%Y%m%dT%H%M%S')}.{os.getpid()}")
+        os.rename(os.path.join(found.folder, name), target)
+        moved.append(target)
+    return moved
+
+
+def prepare(folder, node_rank: int) -> tuple:
+    """Scan `folder` and, on node 0 only (the folder is shared), move the broken checkpoints aside.
+
+    Returns (the newest complete step or None, warning lines). Other nodes report the same scan and leave the
+    folder alone: node 0 finishes moving before torchrun's rendezvous lets any worker start.
+    """
+    found = scan(folder)
+    lines = [f"checkpoint {os.path.join(folder, name)} is incomplete ({why}): "
+             + ("moved to " + os.path.join(folder, ASIDE) if node_rank == 0 else "skipped")
+             for name, _, why in found.broken]
+    if node_rank == 0:
+        set_aside(found)
+    return found.latest, lines

@@ -1,0 +1,65 @@
+"""`python -m entrypoint.fetch_assets REPO DEST`: a model's full-scale assets from the Hugging Face Hub.
+
+The launcher runs this as a child process, only at full scale, only when `missing(DEST)` and HF_HUB_OFFLINE is
+not set: the launcher itself stays stdlib-only, and huggingface_hub is imported here, lazily. It is a snapshot
+download (resumable, with huggingface_hub's progress bars) of the files training reads: the tokenizer and the
+model's config.json. The weights are not fetched: the article's configs train from a random initialisation.
+The token is read from HF_TOKEN by huggingface_hub itself and never put on a command line; everything this
+process prints passes through a filter that replaces it with ***.
+
+Exit status: 0 when the files are there, 1 when the download failed (worth a retry), 2 on bad arguments.
+"""
+
+import os
+import sys
+
+REQUIRED = ("config.json", "tokenizer.json", "tokenizer_config.json")
+PATTERNS = (*REQUIRED, "generation_config.json", "vocab.json", "merges.txt")  # also fetched when the repo has them
+
+
+def missing(dest) -> list:
+    """The required files not (yet) in `dest`; huggingface_hub writes each under a temporary name, then renames."""
+    return [name for name in REQUIRED if not os.path.isfile(os.path.join(dest, name))]
+
+
+class Redacted:
+    """A text stream that writes through to `stream` with `secret` replaced by ***."""
+
+    def __init__(self, stream, secret):
+        self._stream, self._secret = stream, secret
+
+    def write(self, text):
+        return self._stream.write(text.replace(self._secret, "***") if self._secret else text)
+
+    def __getattr__(self, name):  # flush, isatty, fileno, encoding...: the wrapped stream's
+        return getattr(self._stream, name)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m entrypoint.fetch_assets HUB_REPO DEST", file=sys.stderr)
+        return 2
+    repo, dest = argv
+    token = os.environ.get("HF_TOKEN")
+    # before huggingface_hub is imported: its loggers and progress bars capture sys.stderr when created
+    sys.stdout, sys.stderr = Redacted(sys.stdout, token), Redacted(sys.stderr, token)
+    print(f"entrypoint: fetching {repo} ({', '.join(REQUIRED)}) into {dest}", flush=True)
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(repo_id=repo, local_dir=dest, allow_patterns=list(PATTERNS))
+    except Exception as error:  # network, authorisation, disk: one line, retryable status
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        print(f"entrypoint: could not fetch {repo} into {dest}: {type(error).__name__}: {first_line}",
+              file=sys.stderr)
+        return 1
+    still = missing(dest)
+    if still:
+        print(f"entrypoint: {repo} was fetched into {dest} but has no {', '.join(still)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

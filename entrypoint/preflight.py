@@ -1,0 +1,226 @@
+"""Checks run after the plan is made and before torchrun starts: one line each, stdlib only, torch never imported.
+
+A failure stops the launch with exit status 2 (PREFLIGHT=warn turns failures into warnings); a warning is printed
+and the launch goes on. Each check is one function returning findings, so tests call them one by one.
+
+| check | failure | warning |
+|---|---|---|
+| versions | torch, torch-neuronx, transformers or torchtitan off its pin in the lock | a lock file is missing |
+| runtime | Neuron devices, no torch_neuronx | |
+| lnc | NEURON_CC_FLAGS `--lnc` differs from NEURON_LOGICAL_NC_CONFIG | |
+| held cores | `neuron-ls -j` shows another process on a device this run uses | |
+| limits | | /dev/shm below 1 GiB; nofile below 65536; memlock limited while EFA devices are present |
+| writable | a cache, checkpoint, output or (when fetching) assets directory cannot be written | |
+| assets | full scale, assets missing, HF_HUB_OFFLINE=1 | |
+"""
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+import resource
+import tempfile
+from dataclasses import dataclass
+
+from entrypoint import fetch_assets
+from entrypoint.contract import Settings
+from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
+from entrypoint.plan import REPO, Plan
+from entrypoint.variants import VARIANTS
+
+CHECKED = ("torch", "torch-neuronx", "transformers", "torchtitan")
+IMAGE_LOCK = "requirements.lock"  # what the image installs on top of the Neuron DLC
+HOST_LOCK = "requirements-torch.lock"  # the torch of hosts without the DLC (dev machines, CI, the stand-in base)
+SHM_MIN_BYTES = 1 << 30
+NOFILE_MIN = 65536
+CACHE_VARS = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_HLO_CACHE_DIR", "NKI_COMPILE_CACHE_URL",
+              "TORCHINDUCTOR_CACHE_DIR")
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+
+
+@dataclass(frozen=True)
+class Finding:
+    fatal: bool
+    text: str
+
+
+def fail(text):
+    return Finding(True, text)
+
+
+def warn(text):
+    return Finding(False, text)
+
+
+def _name(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(path) -> dict:
+    """{normalised name: {versions}} of the `name==version` lines of a pip lock (several when markers differ)."""
+    found = {}
+    with open(path) as f:
+        for line in f:
+            match = PIN.match(line)
+            if match:
+                found.setdefault(_name(match[1]), set()).add(match[2])
+    return found
+
+
+def _same(installed, pinned):
+    """pip's `==` rule: a pin without a local label (+cpu) accepts any local label."""
+    return installed == pinned or ("+" not in pinned and installed.split("+")[0] == pinned)
+
+
+def versions(lock_dir=REPO, version=importlib.metadata.version, neuron_dlc=None) -> list:
+    """The installed versions of CHECKED against the locks baked into the image (missing lock: skip, warn).
+
+    requirements-torch.lock pins the torch of hosts without the Neuron DLC, so it is not read where torch_neuronx
+    is installed: there torch and torch-neuronx come with the DLC, which no lock here pins."""
+    if neuron_dlc is None:
+        neuron_dlc = importlib.util.find_spec("torch_neuronx") is not None
+    findings, pinned = [], {}
+    for lock in (IMAGE_LOCK,) if neuron_dlc else (IMAGE_LOCK, HOST_LOCK):
+        path = os.path.join(lock_dir, lock)
+        try:
+            for name, found in pins(path).items():
+                pinned.setdefault(name, (lock, found))
+        except FileNotFoundError:
+            findings.append(warn(f"no {path}: installed package versions not checked against it"))
+    for name in CHECKED:
+        if name not in pinned:
+            continue
+        lock, wanted = pinned[name]
+        try:
+            have = version(name)
+        except importlib.metadata.PackageNotFoundError:
+            findings.append(fail(f"{name} is not installed but {lock} pins {' or '.join(sorted(wanted))}"))
+            continue
+        if not any(_same(have, pin) for pin in wanted):
+            findings.append(fail(f"{name} {have} is installed but {lock} pins {' or '.join(sorted(wanted))}: "
+                                 "rebuild the image (or `make venv`), or PREFLIGHT=warn to run anyway"))
+    return findings
+
+
+def runtime(plan: Plan, find_spec=importlib.util.find_spec) -> list:
+    if plan.devices.kind == "neuron" and find_spec("torch_neuronx") is None:
+        return [fail(f"{len(plan.devices.nodes)} Neuron devices found but the torch_neuronx package is not "
+                     "installed: run the Neuron image, or pass --dry-run to only print the plan")]
+    return []
+
+
+def compiler_lnc(flags) -> str | None:
+    """The LNC the compiler flags ask for: `--lnc=N`, `--lnc N`, `--logical-nc-config[=| ]N`; the last wins."""
+    found, words = None, list(flags or ())
+    for i, word in enumerate(words):
+        name, equals, value = word.partition("=")
+        if name in ("--lnc", "--logical-nc-config"):
+            found = value if equals else (words[i + 1] if i + 1 < len(words) else "")
+    return found
+
+
+def lnc(plan: Plan, settings: Settings) -> list:
+    wanted = compiler_lnc(settings.neuron_cc_flags)
+    if plan.devices.kind != "neuron" or wanted is None or wanted == settings.neuron_logical_nc_config:
+        return []
+    return [fail(f"NEURON_CC_FLAGS compiles for --lnc={wanted} but NEURON_LOGICAL_NC_CONFIG="
+                 f"{settings.neuron_logical_nc_config}: the compiler and the runtime must agree")]
+
+
+def held_cores(plan: Plan) -> list:
+    """Processes neuron-ls shows on the devices this run will use (all, or those of NEURON_RT_VISIBLE_CORES)."""
+    devices = plan.devices
+    if devices.kind != "neuron" or not devices.held:
+        return []
+    if devices.visible_cores is None:
+        used = set(devices.nodes)
+    else:  # logical core c sits on device c // (logical cores per device)
+        per_device = PHYSICAL_CORES_PER_DEVICE // (devices.lnc or 2)
+        used = {f"neuron{core // per_device}" for core in devices.visible_cores}
+    busy = [(node, pid, command) for node, pid, command in devices.held if node in used]
+    if not busy:
+        return []
+    shown = ", ".join(f"{node} (pid {pid} {command})" for node, pid, command in busy[:4])
+    more = f" and {len(busy) - 4} more" if len(busy) > 4 else ""
+    return [fail(f"NeuronCores are in use by another process: {shown}{more}: stop it, or choose free cores "
+                 "with NEURON_RT_VISIBLE_CORES")]
+
+
+def limits(root="/", getrlimit=resource.getrlimit, setrlimit=resource.setrlimit) -> list:
+    """/dev/shm size, open files (raised to the hard limit first: children inherit it), locked memory with EFA."""
+    findings = []
+    try:
+        stat = os.statvfs(os.path.join(root, "dev", "shm"))
+        size = stat.f_blocks * stat.f_frsize
+        if size < SHM_MIN_BYTES:
+            findings.append(warn(f"/dev/shm is {size >> 20} MiB, below {SHM_MIN_BYTES >> 20} MiB: dataloader workers "
+                                 "and gloo may fail; docker run --shm-size=16g (or --ipc=host), a memory-backed "
+                                 "emptyDir on Kubernetes"))
+    except OSError:
+        findings.append(warn("no /dev/shm: mount one (docker run --shm-size=16g)"))
+    soft, hard = getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < NOFILE_MIN:
+        target = NOFILE_MIN if hard == resource.RLIM_INFINITY or hard >= NOFILE_MIN else hard
+        if target > soft:
+            try:
+                setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (ValueError, OSError):
+                pass
+        if soft < NOFILE_MIN:
+            findings.append(warn(f"open-file limit (nofile) is {soft}, below {NOFILE_MIN}: many ranks fail with "
+                                 "'Too many open files'; docker run --ulimit nofile=65536:65536"))
+    efa = os.path.isdir(os.path.join(root, "dev", "infiniband")) and any(
+        name.startswith("uverbs") for name in os.listdir(os.path.join(root, "dev", "infiniband")))
+    memlock = getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    if efa and memlock != resource.RLIM_INFINITY:
+        findings.append(warn(f"EFA devices are present but locked memory is limited to {memlock >> 10} KiB: "
+                             "EFA needs it unlimited (docker run --ulimit memlock=-1)"))
+    return findings
+
+
+def _writable(path):
+    """None if a file can be created in `path` (made if missing), else the reason."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".preflight-")
+        os.close(fd)
+        os.unlink(probe)
+        return None
+    except OSError as error:
+        return error.strerror or type(error).__name__
+
+
+def writable(plan: Plan, settings: Settings, environ, fetching: bool) -> list:
+    """Every directory the run writes: compile caches (as the workers will see them), checkpoints, outputs."""
+    env = {**environ, **plan.env}
+    dirs = [(name, env[name]) for name in CACHE_VARS if name in env and "://" not in env[name]]
+    dirs += [("CHECKPOINT_DIR", plan.checkpoint_dir)] if plan.checkpoint_dir else []
+    dirs += [("OUTPUT_DIR", settings.output_dir)]
+    dirs += [("ASSETS_DIR", plan.assets)] if fetching else []
+    findings = []
+    for name, path in dirs:
+        why = _writable(path)
+        if why:
+            mounted = "CACHE_DIR" if name in CACHE_VARS and name not in environ else name
+            findings.append(fail(f"{path} ({name}) is not writable: {why}; mount a writable volume at {mounted}"))
+    return findings
+
+
+def assets(plan: Plan, settings: Settings) -> list:
+    if not plan.assets or not settings.hf_hub_offline:
+        return []
+    absent = fetch_assets.missing(plan.assets)
+    if not absent:
+        return []
+    repo = VARIANTS[settings.variant].hf_repo
+    return [fail(f"{plan.assets} has no {', '.join(absent)} and HF_HUB_OFFLINE=1 forbids downloading them: "
+                 f"fill ASSETS_DIR first (`hf download {repo} --local-dir {plan.assets}`) or unset HF_HUB_OFFLINE")]
+
+
+def run(plan: Plan, settings: Settings, environ) -> list:
+    """Every check, in order; the caller prints them and stops on a fatal one (unless PREFLIGHT=warn)."""
+    fetching = bool(plan.assets) and not settings.hf_hub_offline and bool(fetch_assets.missing(plan.assets))
+    return [*versions(), *runtime(plan), *lnc(plan, settings), *held_cores(plan),
+            *limits(settings.neuron_qwen3_root), *writable(plan, settings, environ, fetching),
+            *assets(plan, settings)]

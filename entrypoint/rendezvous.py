@@ -1,0 +1,71 @@
+"""How many nodes, which one this is, and where they meet: from the plain variables or an engine's.
+
+Each field is taken from the first source that sets it: the plain variable (NNODES, NODE_RANK, MASTER_ADDR,
+MASTER_PORT), then Kubeflow Trainer's PET_*, then Slurm's (SLURM_NNODES, SLURM_NODEID, the first host of
+SLURM_JOB_NODELIST). One node keeps the article's `--rdzv_endpoint localhost:0`; more use torchrun's c10d
+rendezvous at MASTER_ADDR:MASTER_PORT, hosted by node rank 0.
+
+torchrun ignores `--node_rank` under c10d (it numbers nodes in the order they join, and warns that the flag is
+ignored), so the node rank is used where c10d does need it: node 0 hosts the rendezvous store
+(`--rdzv_conf is_host=true`), every other node is a client. That replaces torch's guess, which compares
+MASTER_ADDR with this machine's names and addresses and can miss on hosts with several network interfaces.
+"""
+
+from dataclasses import dataclass
+
+from entrypoint.contract import Settings, UsageError
+
+DEFAULT_PORT = 29500
+DEFAULT_ID = "neuron-qwen3"
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    nnodes: int
+    node_rank: int
+    endpoint: str  # host:port; `localhost:0` on one node (torchrun picks a free port)
+    run_id: str | None  # None on one node
+    sources: dict  # field -> the variable it came from, for the plan and the error lines
+    nproc_per_node: int | None  # PET_NPROC_PER_NODE when it is a number; `auto` and unset are None
+
+    def torchrun_args(self) -> list:
+        if self.nnodes == 1:
+            return ["--rdzv_backend", "c10d", "--rdzv_endpoint", self.endpoint]
+        return [f"--nnodes={self.nnodes}", "--rdzv_backend", "c10d", "--rdzv_endpoint", self.endpoint,
+                "--rdzv_id", self.run_id, "--rdzv_conf", f"is_host={'true' if self.node_rank == 0 else 'false'}"]
+
+
+def _first(*candidates):
+    """(value, name) of the first candidate whose value is set, else (None, None)."""
+    return next(((value, name) for name, value in candidates if value is not None), (None, None))
+
+
+def resolve(settings: Settings) -> Rendezvous:
+    s = settings
+    first_host = s.slurm_job_nodelist[0] if s.slurm_job_nodelist else None
+    nnodes, nnodes_from = _first(("NNODES", s.nnodes), ("PET_NNODES", s.pet_nnodes), ("SLURM_NNODES", s.slurm_nnodes))
+    rank, rank_from = _first(("NODE_RANK", s.node_rank), ("PET_NODE_RANK", s.pet_node_rank),
+                             ("SLURM_NODEID", s.slurm_nodeid))
+    nproc = s.pet_nproc_per_node if isinstance(s.pet_nproc_per_node, int) else None
+    if nnodes in (None, 1):
+        if rank not in (None, 0):
+            raise UsageError(f"{rank_from}={rank} but the job has one node: node ranks start at 0")
+        return Rendezvous(1, 0, "localhost:0", None, {"nnodes": nnodes_from or "default"}, nproc)
+    if rank is None:
+        raise UsageError(f"{nnodes_from}={nnodes} but this node's rank is unset: set NODE_RANK (0-{nnodes - 1})")
+    if rank >= nnodes:
+        raise UsageError(f"{rank_from}={rank} is not a node rank of a {nnodes}-node job ({nnodes_from}): "
+                         f"allowed 0-{nnodes - 1}")
+    if nnodes_from == "SLURM_NNODES" and s.slurm_job_nodelist and len(s.slurm_job_nodelist) != nnodes:
+        raise UsageError(f"SLURM_NNODES={nnodes} but SLURM_JOB_NODELIST names {len(s.slurm_job_nodelist)} hosts")
+    addr, addr_from = _first(("MASTER_ADDR", s.master_addr), ("PET_MASTER_ADDR", s.pet_master_addr),
+                             ("SLURM_JOB_NODELIST", first_host))
+    if addr is None:
+        raise UsageError(f"{nnodes_from}={nnodes} but no rendezvous host: set MASTER_ADDR to node 0's address")
+    port, port_from = _first(("MASTER_PORT", s.master_port), ("PET_MASTER_PORT", s.pet_master_port),
+                             ("default", DEFAULT_PORT))
+    run_id, id_from = _first(("RDZV_ID", s.rdzv_id), ("SLURM_JOB_ID", s.slurm_job_id), ("default", DEFAULT_ID))
+    host = f"[{addr}]" if ":" in addr else addr  # an IPv6 address
+    sources = {"nnodes": nnodes_from, "node_rank": rank_from, "master_addr": addr_from, "master_port": port_from,
+               "run_id": id_from}
+    return Rendezvous(nnodes, rank, f"{host}:{port}", run_id, sources, nproc)

@@ -1,0 +1,134 @@
+"""Full-scale model assets: fetched through huggingface_hub in a child process, skipped when present, never
+when offline, and the token never printed. No test reaches the network: a stand-in `huggingface_hub` package
+(first on PYTHONPATH) plays the Hub, the way the real snapshot_download is called.
+
+Run: .venv/bin/python -m pytest tests/test_entrypoint_assets.py -q
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from entrypoint import cli, fetch_assets, launch
+
+REPO = Path(__file__).resolve().parent.parent
+TOKEN = "hf_secret_do_not_print"
+FAKE_HUB = '''
+import os, sys
+
+def snapshot_download(repo_id, local_dir, allow_patterns):
+    token = os.environ.get("HF_TOKEN")
+    print(f"fake hub: {repo_id} with token {token}", file=sys.stderr)  # as a careless library might
+    sys.stderr.write(f"Fetching 3 files: 100%|##########| 3/3 [token={token}]\\r\\n")
+    with open(os.path.join(os.environ["FAKE_HUB_LOG"]), "w") as log:
+        log.write(repr((repo_id, local_dir, sorted(allow_patterns))))
+    if os.environ.get("FAKE_HUB_FAIL"):
+        raise OSError(f"401 Client Error for url https://huggingface.co/{repo_id} (Authorization: Bearer {token})")
+    os.makedirs(local_dir, exist_ok=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if name not in os.environ.get("FAKE_HUB_SKIP", ""):
+            open(os.path.join(local_dir, name), "w").write("{}")
+    return local_dir
+'''
+
+
+@pytest.fixture
+def hub(tmp_path):
+    """PYTHONPATH and environment that make `import huggingface_hub` load the stand-in."""
+    package = tmp_path / "fakehub" / "huggingface_hub"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(FAKE_HUB)
+    return {"PYTHONPATH": f"{package.parent}{os.pathsep}{REPO}", "FAKE_HUB_LOG": str(tmp_path / "hub.log"),
+            "HF_TOKEN": TOKEN, "PATH": os.environ["PATH"]}
+
+
+def fetch(hub, dest, **env):
+    return subprocess.run([sys.executable, "-m", "entrypoint.fetch_assets", "Qwen/Qwen3-4B", str(dest)],
+                          env={**hub, **env}, capture_output=True, text=True, timeout=60)
+
+
+def test_missing_lists_the_required_files(tmp_path):
+    assert fetch_assets.missing(tmp_path / "none") == list(fetch_assets.REQUIRED)
+    (tmp_path / "config.json").write_text("{}")
+    assert fetch_assets.missing(tmp_path) == ["tokenizer.json", "tokenizer_config.json"]
+
+
+def test_fetch_downloads_the_tokenizer_and_config_and_never_prints_the_token(hub, tmp_path):
+    result = fetch(hub, tmp_path / "Qwen3-4B")
+    assert result.returncode == 0, result.stderr
+    assert fetch_assets.missing(tmp_path / "Qwen3-4B") == []
+    assert TOKEN not in result.stdout + result.stderr
+    assert "with token ***" in result.stderr and "100%" in result.stderr  # the progress bar passes through
+    repo, dest, patterns = eval((tmp_path / "hub.log").read_text())
+    assert (repo, dest) == ("Qwen/Qwen3-4B", str(tmp_path / "Qwen3-4B"))
+    assert set(fetch_assets.REQUIRED) <= set(patterns) and not [p for p in patterns if "safetensors" in p]
+
+
+def test_a_failed_fetch_is_one_redacted_line_and_status_1(hub, tmp_path):
+    result = fetch(hub, tmp_path / "Qwen3-4B", FAKE_HUB_FAIL="1")
+    assert result.returncode == 1 and TOKEN not in result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("entrypoint: could not")]
+    assert errors == ["entrypoint: could not fetch Qwen/Qwen3-4B into "
+                      f"{tmp_path}/Qwen3-4B: OSError: 401 Client Error for url https://huggingface.co/Qwen/Qwen3-4B "
+                      "(Authorization: Bearer ***)"]
+
+
+def test_a_fetch_that_leaves_a_file_out_fails(hub, tmp_path):
+    result = fetch(hub, tmp_path / "Qwen3-4B", FAKE_HUB_SKIP="tokenizer.json")
+    assert result.returncode == 1 and "has no tokenizer.json" in result.stderr
+
+
+def run_launcher(monkeypatch, capsys, env):
+    """cli.main in this process: the fetch child runs for real, torchrun is replaced by a recorder."""
+    monkeypatch.setattr(os, "environ", env)
+    real_run, launched = launch.run, []
+
+    def run(argv, child_env, grace):
+        if "entrypoint.fetch_assets" in argv:
+            return real_run(argv, child_env, grace)
+        launched.append(argv)
+        return 0
+
+    monkeypatch.setattr(launch, "run", run)
+    code = cli.main([])
+    out, err = capsys.readouterr()
+    return code, out, err, launched
+
+
+def full_scale(hub, tmp_path, **extra):
+    return {**hub, "NEURON_QWEN3_ROOT": str(tmp_path), "SCALE": "full", "ASSETS_DIR": str(tmp_path / "assets"),
+            "CACHE_DIR": str(tmp_path / "cache"), "OUTPUT_DIR": str(tmp_path / "out"), **extra}
+
+
+def test_launcher_fetches_missing_assets_then_launches(hub, tmp_path, monkeypatch, capfd):
+    code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path))
+    assert code == 0, err
+    assert fetch_assets.missing(tmp_path / "assets" / "Qwen3-4B") == [] and len(launched) == 1
+    assert TOKEN not in out + err
+    assert launched[0][launched[0].index("--hf_assets_path") + 1] == str(tmp_path / "assets" / "Qwen3-4B")
+
+
+def test_launcher_skips_the_fetch_when_assets_are_present(hub, tmp_path, monkeypatch, capfd):
+    dest = tmp_path / "assets" / "Qwen3-4B-Instruct-2507"
+    dest.mkdir(parents=True)
+    for name in fetch_assets.REQUIRED:
+        (dest / name).write_text("{}")
+    code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path, VARIANT="v5"))
+    assert code == 0 and len(launched) == 1, err
+    assert not (tmp_path / "hub.log").exists()  # the Hub was never asked
+    assert f"assets: {dest} has config.json, tokenizer.json, tokenizer_config.json: not fetching" in out
+    assert launched[0][launched[0].index("--hf_model") + 1] == str(dest)  # v5 reads config.json from there too
+
+
+def test_launcher_stops_when_the_fetch_fails(hub, tmp_path, monkeypatch, capfd):
+    code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path, FAKE_HUB_FAIL="1"))
+    assert code == 1 and launched == [] and TOKEN not in out + err
+
+
+def test_offline_never_fetches(hub, tmp_path, monkeypatch, capfd):
+    code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path, HF_HUB_OFFLINE="1"))
+    assert code == 2 and launched == [] and not (tmp_path / "hub.log").exists()
+    assert err.count("\n") == 1 and "HF_HUB_OFFLINE=1 forbids downloading" in err

@@ -1,0 +1,116 @@
+"""Which checkpoint a restart resumes from: real DCP checkpoints (written by torch), then damaged on purpose.
+
+The launcher reads them without torch; the fixture writes them with torch, as torchtitan does.
+Run: .venv/bin/python -m pytest tests/test_entrypoint_checkpoints.py -q
+"""
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from entrypoint import checkpoints
+
+REPO = Path(__file__).resolve().parent.parent
+WRITE = """
+import sys, torch, torch.distributed.checkpoint as dcp
+for step in sys.argv[2:]:
+    state = {"model.w": torch.arange(4096.0) * int(step), "model.b": torch.ones(64), "train_state": {"step": int(step)}}
+    dcp.save(state, checkpoint_id=f"{sys.argv[1]}/step-{step}")
+"""
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """A checkpoint folder with real DCP saves at steps 10 and 20 (one torch start for the module)."""
+    folder = tmp_path_factory.mktemp("pristine")
+    subprocess.run([sys.executable, "-W", "ignore", "-c", WRITE, str(folder), "10", "20"], check=True, timeout=300)
+    return folder
+
+
+@pytest.fixture
+def folder(pristine, tmp_path):
+    shutil.copytree(pristine, tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
+def data_file(step_folder):
+    return next(p for p in step_folder.iterdir() if p.suffix == ".distcp")
+
+
+def test_complete_checkpoints_are_found_and_the_newest_wins(folder):
+    assert checkpoints.problem(folder / "step-10") is None and checkpoints.problem(folder / "step-20") is None
+    assert checkpoints.scan(folder) == checkpoints.Scan(str(folder), 20, ())
+    assert checkpoints.scan(folder.parent / "absent") == checkpoints.Scan(str(folder.parent / "absent"), None, ())
+
+
+def test_metadata_ranges_are_really_read(folder):
+    needed = checkpoints._storage_ranges(folder / "step-20" / ".metadata")
+    assert needed == {data_file(folder / "step-20").name: data_file(folder / "step-20").stat().st_size}
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda step: (step / ".metadata").unlink(), "no .metadata"),
+    (lambda step: os.truncate(data_file(step), data_file(step).stat().st_size - 1), "bytes, .metadata needs"),
+    (lambda step: data_file(step).unlink(), "is missing"),
+    (lambda step: os.truncate(step / ".metadata", 100), "unreadable .metadata"),
+    (lambda step: (step / ".metadata").write_bytes(b"not a pickle"), "unreadable .metadata")])
+def test_a_damaged_latest_checkpoint_is_skipped_and_moved_aside(folder, damage, why):
+    damage(folder / "step-20")
+    found = checkpoints.scan(folder)
+    assert found.latest == 10
+    assert [(name, step) for name, step, _ in found.broken] == [("step-20", 20)]
+    assert why in found.broken[0][2]
+    latest, lines = checkpoints.prepare(str(folder), node_rank=0)
+    assert latest == 10 and len(lines) == 1 and "step-20" in lines[0] and why in lines[0] and "\n" not in lines[0]
+    assert sorted(p.name for p in folder.iterdir()) == ["incomplete", "step-10"]  # torchtitan now sees only step-10
+    assert [p.name.split(".")[0] for p in (folder / "incomplete").iterdir()] == ["step-20"]
+    assert checkpoints.STEP.search("incomplete") is None  # torchtitan's pattern never matches the aside folder
+
+
+def test_only_node_zero_moves_anything(folder):
+    (folder / "step-20" / ".metadata").unlink()
+    latest, lines = checkpoints.prepare(str(folder), node_rank=1)
+    assert latest == 10 and "skipped" in lines[0]
+    assert (folder / "step-20").is_dir()
+
+
+def test_everything_broken_means_a_fresh_start(folder):
+    for step in ("step-10", "step-20"):
+        os.truncate(data_file(folder / step), 10)
+    assert checkpoints.prepare(str(folder), node_rank=0)[0] is None
+    assert not [p for p in folder.iterdir() if checkpoints.STEP.search(p.name)]
+
+
+def test_entries_torchtitan_ignores_are_ignored(folder):
+    (folder / "step-30").write_text("a file, not a folder")
+    (folder / "notes").mkdir()
+    assert checkpoints.scan(folder) == checkpoints.Scan(str(folder), 20, ())
+
+
+def test_hf_format_last_checkpoint(tmp_path):
+    step = tmp_path / "step-5"
+    step.mkdir()
+    (step / "model.safetensors.index.json").write_text('{"weight_map": {"a": "model-1.safetensors"}}')
+    assert checkpoints.problem(step) == "model-1.safetensors is missing"
+    (step / "model-1.safetensors").write_bytes(b"x")
+    assert checkpoints.problem(step) is None
+
+
+def test_metadata_never_runs_code_from_the_file(tmp_path):
+    """A .metadata crafted to run a command on unpickling is read as inert data: nothing runs."""
+    marker = tmp_path / "ran"
+
+    class Exploit:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    step = tmp_path / "step-1"
+    step.mkdir()
+    (step / ".metadata").write_bytes(pickle.dumps(Exploit()))
+    assert checkpoints.problem(step) == "unrecognised .metadata (no storage_data)"
+    assert not marker.exists()

@@ -1,0 +1,148 @@
+"""The stop bound: after SIGTERM, whatever the launcher started is gone within STOP_GRACE seconds.
+
+The children here are shaped like torchrun's: an agent whose workers run in sessions of their own, so that
+signalling the agent's process group alone would miss them.
+Run: .venv/bin/python -m pytest tests/test_entrypoint_launch.py -q
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from entrypoint import launch
+
+REPO = Path(__file__).resolve().parent.parent
+GRACE = 2
+
+AGENT = """
+import os, signal, subprocess, sys, time
+out, agent_on_term, worker_on_term = sys.argv[1], sys.argv[2], sys.argv[3]
+WORKER = '''
+import os, signal, sys, time
+if sys.argv[2] == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(os.path.join(sys.argv[1], "worker.pid"), "w").write(str(os.getpid()))
+while True:
+    time.sleep(0.1)
+'''
+worker = subprocess.Popen([sys.executable, "-c", WORKER, out, worker_on_term], start_new_session=True)
+if agent_on_term == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+else:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # like torchrun's SignalException, without waiting
+while not os.path.exists(os.path.join(out, "worker.pid")):
+    time.sleep(0.01)
+open(os.path.join(out, "agent.pid"), "w").write(str(os.getpid()))
+while True:
+    time.sleep(0.1)
+"""
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def start(tmp_path, agent_on_term, worker_on_term):
+    code = "import sys; from entrypoint.launch import run; sys.exit(run(sys.argv[2:], None, int(sys.argv[1])))"
+    launcher = subprocess.Popen([sys.executable, "-c", code, str(GRACE), sys.executable, "-c", AGENT, str(tmp_path),
+                                 agent_on_term, worker_on_term], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "agent.pid").exists():
+        if time.monotonic() > deadline or launcher.poll() is not None:
+            launcher.kill()
+            pytest.fail("the agent never started")
+        time.sleep(0.02)
+    return launcher, int((tmp_path / "agent.pid").read_text()), int((tmp_path / "worker.pid").read_text())
+
+
+def kill(*pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.parametrize("agent_on_term, worker_on_term, status, killed", [
+    ("exit", "default", 1, False),  # everything stops on SIGTERM: no kill needed
+    ("exit", "ignore", 1, True),  # torchrun gone, a worker hangs on: killed at the deadline
+    ("ignore", "ignore", 137, True)])  # nothing stops: all killed at the deadline
+def test_sigterm_stops_everything_within_the_grace(tmp_path, agent_on_term, worker_on_term, status, killed):
+    launcher, agent, worker = start(tmp_path, agent_on_term, worker_on_term)
+    try:
+        assert os.getpgid(worker) != os.getpgid(agent)  # the worker is out of the agent's process group
+        started = time.monotonic()
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=GRACE + 10) == status
+        took = time.monotonic() - started
+        err = launcher.stderr.read()
+        assert not alive(agent) and not alive(worker), err
+        assert took < GRACE + 1.5, f"stopped in {took:.1f}s, bound {GRACE}s + 1.5s"
+        assert ("killing process groups" in err) is killed, err
+        if not killed:
+            assert took < GRACE, f"nothing needed killing but the stop took {took:.1f}s"
+    finally:  # on a failure, leave nothing behind
+        kill(launcher.pid, agent, worker)
+
+
+def test_process_groups_reach_workers_in_their_own_sessions(tmp_path):
+    launcher, agent, worker = start(tmp_path, "exit", "default")
+    try:
+        groups = launch.process_groups(launcher.pid)
+        assert {os.getpgid(agent), os.getpgid(worker)} <= groups
+        assert os.getpgid(0) not in groups  # never the test's own group
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=GRACE + 10)
+
+
+def test_without_proc_only_the_child_group_is_known(tmp_path):
+    assert launch.process_groups(1234, proc=str(tmp_path / "no-proc")) == {1234}
+
+
+def test_a_normal_exit_returns_at_once():
+    started = time.monotonic()
+    assert launch.run([sys.executable, "-c", "import sys; sys.exit(4)"], None, grace=30) == 4
+    assert time.monotonic() - started < 5
+
+
+def pid_namespace_available():
+    try:
+        return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True,
+                              timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.skipif(not pid_namespace_available(), reason="needs `unshare --pid` (root or user namespaces)")
+@pytest.mark.parametrize("agent_on_term, worker_on_term, status", [("exit", "ignore", 1), ("exit", "default", 1)])
+def test_as_pid_1_the_child_status_survives_reaping_orphans(tmp_path, agent_on_term, worker_on_term, status):
+    """In a container the launcher is PID 1: orphaned workers become its children, and it reaps them all."""
+    code = ("import os, sys; from entrypoint.launch import run; assert os.getpid() == 1; "
+            "sys.exit(run(sys.argv[2:], None, int(sys.argv[1])))")
+    launcher = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code, str(GRACE),
+                                 sys.executable, "-c", AGENT, str(tmp_path), agent_on_term, worker_on_term],
+                                cwd=REPO, stderr=subprocess.PIPE, text=True)
+    pid_1 = None
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "agent.pid").exists():
+            assert time.monotonic() < deadline and launcher.poll() is None, "the agent never started"
+            time.sleep(0.02)
+        table = launch.process_table()
+        pid_1 = next(pid for pid, (ppid, _, _) in table.items() if ppid == launcher.pid)  # seen from outside
+        started = time.monotonic()
+        os.kill(pid_1, signal.SIGTERM)  # unshare does not pass signals on
+        assert launcher.wait(timeout=GRACE + 10) == status, launcher.stderr.read()
+        assert time.monotonic() - started < GRACE + 1.5
+    finally:  # killing PID 1 of the namespace ends every process in it
+        kill(*[pid for pid in (pid_1, launcher.pid) if pid])
