@@ -1,0 +1,76 @@
+"""Integration: every variant's smoke config trains through the launcher, on 1 and 2 processes.
+
+These are real torchrun runs on CPU (gloo), a few tens of seconds each. Run:
+    .venv/bin/python -m pytest tests/test_training.py
+"""
+
+import functools
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, worker_env
+
+sys.path.insert(0, str(REPO))
+from entrypoint.variants import VARIANTS  # noqa: E402
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+STEP_LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
+SMOKE_MOE_LAYERS = 2  # recipes' SMOKE["n_layers"]; every layer of the smoke MoE is an MoE layer
+
+
+def parse_losses(output: str) -> dict[int, float]:
+    return {int(step): float(loss) for step, loss in STEP_LOSS.findall(ANSI.sub("", output))}
+
+
+@functools.cache
+def launch(variant: str, nproc: int, tmp: str) -> subprocess.CompletedProcess:
+    env = worker_env(VARIANT=variant, SCALE="smoke", NPROC=str(nproc), OUTPUT_DIR=f"{tmp}/{variant}-{nproc}",
+                     CACHE_DIR=f"{tmp}/cache")
+    return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("training"))
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_smoke_trains_with_falling_loss(variant, nproc, tmp):
+    result = launch(variant, nproc, tmp)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    losses = parse_losses(result.stdout + result.stderr)
+    assert sorted(losses) == list(range(1, 11)), f"expected steps 1..10 in the log, got {sorted(losses)}"
+    assert all(math.isfinite(x) for x in losses.values()), losses
+    assert losses[10] < losses[1] - 0.3, losses
+    assert f"--nproc_per_node={nproc}" in result.stdout + result.stderr  # the launch line
+
+
+def test_nki_moe_replaces_every_moe_layer(tmp):
+    result = launch("nki_moe", 1, tmp)
+    log = ANSI.sub("", result.stdout + result.stderr)
+    replaced = re.findall(r"\[Override\] neuron_qwen3\.nki_experts\.nki_grouped_experts: (\S+)", log)
+    assert replaced == [f"model_spec.model.layers.{i}.moe.routed_experts.inner_experts"
+                        for i in range(SMOKE_MOE_LAYERS)], replaced
+    assert f"Applied {SMOKE_MOE_LAYERS} override(s)" in log
+    assert "nki_moe kernel path: reference" in log
+
+
+def test_nki_moe_matches_native_moe_step_by_step(tmp):
+    """Same seed, same data, same weights: the expert override must not change the maths."""
+    nki = launch("nki_moe", 1, tmp)
+    native = subprocess.run(
+        [sys.executable, "-m", "neuron_qwen3.train", "--module", "neuron_qwen3", "--config", "native_moe_qwen3_smoke",
+         "--dump_folder", f"{tmp}/native-moe"],
+        env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert native.returncode == 0, native.stderr[-3000:]
+    nki_losses, native_losses = parse_losses(nki.stdout + nki.stderr), parse_losses(native.stdout + native.stderr)
+    assert sorted(native_losses) == sorted(nki_losses) == list(range(1, 11))
+    for step in native_losses:
+        assert nki_losses[step] == pytest.approx(native_losses[step], rel=1e-4, abs=1e-4), (step, nki_losses, native_losses)
