@@ -175,6 +175,9 @@ VARS = (
     Var("HF_TOKEN", None, "a token", "Hub token for gated downloads; never printed"),
     Var("HF_HUB_OFFLINE", "0", "one of: " + ", ".join(SWITCH),
         "1: never download; full-scale assets missing from ASSETS_DIR is then an error", switch),
+    Var("NEURON_QWEN3_MOE_KERNEL", "auto", "one of: auto, nki, reference",
+        "nki_moe expert kernel, read by the workers: `auto` is NKI on Neuron and the PyTorch reference elsewhere",
+        choice(("auto", "nki", "reference"))),
     Var("NEURON_QWEN3_ROOT", "/", "a path",
         "filesystem root for device discovery and the /dev checks (tests point it at a fake `/dev`)"),
     # ---- multi-node: plain variables win over an engine's, field by field
@@ -242,6 +245,7 @@ class Settings:
     cuda_visible_devices: tuple | None
     hf_token: str | None = field(repr=False)
     hf_hub_offline: bool
+    neuron_qwen3_moe_kernel: str
     neuron_qwen3_root: str
     nnodes: int | None
     node_rank: int | None
