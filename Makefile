@@ -1,0 +1,76 @@
+# neuron-qwen3: every target is thin and calls one script or one command.
+#
+#   make venv    .venv from the three hashed locks (idempotent: re-runs only when a lock changes)
+#   make train   the launcher at smoke scale on this host (VARIANT=native|v5|nki_moe, STEPS=N)
+#   make test    the whole test suite, the image smoke job included (what CI runs)
+#   make lock    regenerate requirements*.lock from requirements*.in (needs PyPI)
+#   make image   build the image through the docker SDK (ci/build_image.py): BASE_IMAGE=..., ARGS="--help"
+#   make lint    hadolint, error threshold
+#   make smoke   the CI image job locally: engine, stand-in base, image, container runs (ci/smoke.py)
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.locks-installed
+# Installed together into .venv; the image installs requirements.lock alone on top of its base.
+LOCKS := requirements-torch.lock requirements.lock requirements-dev.lock
+
+.PHONY: venv train test lock image lint smoke clean
+
+venv: $(STAMP)
+
+$(STAMP): $(LOCKS)
+	@$(PYTHON) -c 'import sys; sys.exit(None if sys.version_info >= (3, 11) else "make venv needs PYTHON >= 3.11, got " + sys.version.split()[0])'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check --require-hashes $(addprefix -r ,$(LOCKS))
+	touch $@
+
+train: venv
+	SCALE=$${SCALE:-smoke} $(PY) -m entrypoint
+
+test: venv
+	$(PY) -m pytest tests -q -rs
+
+image: venv
+	$(PY) ci/build_image.py $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) $(ARGS)
+
+lint: venv
+	$(VENV)/bin/hadolint --config ci/hadolint.yaml Dockerfile ci/standin/Dockerfile
+
+smoke: venv
+	$(PY) ci/smoke.py $(ARGS)
+
+# ---------------------------------------------------------------------------------------------
+# Locks. `uv pip compile --universal` with a Python floor of 3.11 writes environment markers, so
+# one lock installs on Debian's Python 3.11 (dev hosts, CI, the stand-in base) and on the 2.33
+# DLC's Python 3.14. --exclude-newer makes `make lock` reproducible: bump LOCK_DATE to update.
+LOCK_DATE ?= 2026-11-29T00:00:00Z
+UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+	--exclude-newer $(LOCK_DATE) --custom-compile-command "make lock"
+
+# requirements.lock must never install torch over the DLC's Neuron build of it. torch enters the
+# closure through torchdata and torch_checkpointing (both `Requires-Dist: torch`); these are torch
+# itself and the packages ONLY torch needs, all of which the base image already has (the DLC's
+# torch brings them; in CI the stand-in base installs requirements-torch.lock). Packages torch
+# shares with the rest (filelock, fsspec, markupsafe, setuptools, typing-extensions) stay in.
+# tests/test_lock.py checks this list is exactly requirements-torch.lock minus requirements.lock.
+NO_EMIT := torch triton sympy mpmath networkx jinja2 \
+	cuda-bindings cuda-pathfinder cuda-toolkit \
+	nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 \
+	nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 \
+	nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx
+
+# Order matters: the image lock is resolved against the pinned torch; the torch and dev locks are
+# then constrained by it, so a package in two locks has one version and `make venv` installs all.
+# LOCK_DIR: where the locks are written (tests/test_lock.py regenerates them elsewhere and compares).
+LOCK_DIR ?= .
+lock: venv
+	$(UV_COMPILE) requirements.in -c requirements-torch.in $(addprefix --no-emit-package ,$(NO_EMIT)) \
+		-o $(LOCK_DIR)/requirements.lock
+	$(UV_COMPILE) requirements-torch.in -c $(LOCK_DIR)/requirements.lock -o $(LOCK_DIR)/requirements-torch.lock
+	$(UV_COMPILE) requirements-dev.in -c $(LOCK_DIR)/requirements.lock -c $(LOCK_DIR)/requirements-torch.lock \
+		-o $(LOCK_DIR)/requirements-dev.lock
+
+clean:
+	rm -rf .wheelhouse build

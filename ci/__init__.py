@@ -1,0 +1,1 @@
+"""The image job: engine, stand-in base, image build, container checks (see ci/README.md)."""

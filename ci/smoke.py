@@ -1,0 +1,263 @@
+"""The image smoke-test job: build the image on a stand-in base and run it for real.
+
+    python ci/smoke.py            # or `make smoke`; tests/test_image.py runs the same pieces under pytest
+
+1. a Docker engine: the one that answers, else Debian's docker.io started here (ci/engine.py), stopped after;
+2. the stand-in base (Debian 12 + Python 3.11 + torch 2.14.1, ci/standin.py), built once and reused, then
+   the real Dockerfile on it, hermetic (ci/build_image.py);
+3. the container, as a user runs it: CASES below (each variant trains at smoke scale on CPU with a falling
+   loss; fake Neuron devices with and without --dry-run; an unknown VARIANT), then IMAGE_CHECKS on the
+   image itself (metadata, user, paths, no secrets, torch from the base, size added);
+4. hadolint at the error threshold (ci/hadolint.yaml), every ignored rule with its reason inline.
+Any failure is an AssertionError naming the case; the exit status is 1 if any failed.
+"""
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from ci import build_image, standin, wheelhouse  # noqa: E402
+
+STEPS = os.environ.get("NQ_SMOKE_STEPS", "4")
+NEURON_DEVICES = 4  # x 4 logical cores per trn2 device at LNC 2 = 16 processes
+SIZE_BUDGET = 1.5e9  # bytes the image may add on top of its base
+HADOLINT_FILES = ("Dockerfile", "ci/standin/Dockerfile")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*([-+0-9.eE]+|nan|inf)")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One `docker run` of the image and what must come of it."""
+
+    name: str
+    env: dict = field(default_factory=dict)
+    args: tuple = ()  # after the image name: the launcher's flags
+    neuron_devices: int = 0  # --device /dev/null:/dev/neuronN for N < this
+    exit_code: int = 0
+    loss_falls: bool = False  # stdout+stderr has >= 2 "step: N loss: X" lines, the last loss below the first
+    nproc: int | None = None  # stdout is the --dry-run plan, with this many processes
+    error: str | None = None  # stderr is exactly one line containing this
+    timeout: int = 120  # seconds; a smoke training run takes 15-25 s here
+
+
+CASES = (
+    *(Case(f"train-{variant}", env={"VARIANT": variant, "SCALE": "smoke", "STEPS": STEPS}, loss_falls=True,
+           timeout=300)
+      for variant in ("v5", "native", "nki_moe")),
+    Case("neuron-dry-run", args=("--dry-run",), neuron_devices=NEURON_DEVICES, nproc=NEURON_DEVICES * 4),
+    Case("neuron-without-torch-neuronx", neuron_devices=NEURON_DEVICES, exit_code=2, error="torch_neuronx"),
+    Case("unknown-variant", env={"VARIANT": "llama4"}, exit_code=2, error="VARIANT='llama4'"),
+)
+
+
+def log(message):
+    print(f"[smoke] {message}", file=sys.stderr, flush=True)
+
+
+# ---- 3. running the container ---------------------------------------------------------------
+
+
+def run_container(client, image, case):
+    """(exit code, stdout, stderr) of one case's container."""
+    devices = [f"/dev/null:/dev/neuron{n}:rwm" for n in range(case.neuron_devices)]
+    # Default network, as users run it: with network "none" the container's hostname does not resolve and
+    # torchrun's c10d rendezvous retries forever. Smoke runs are offline anyway (HF_HUB_OFFLINE, bundled assets).
+    container = client.containers.run(image, list(case.args), environment=case.env, devices=devices, detach=True,
+                                      shm_size="1g")
+    try:
+        try:
+            status = container.wait(timeout=case.timeout)
+        except Exception:  # requests' ReadTimeout: the container hangs
+            container.kill()
+            output = container.logs().decode(errors="replace")
+            raise AssertionError(f"{case.name}: no exit within {case.timeout}s; output (tail):\n{output[-3000:]}") \
+                from None
+        return (status["StatusCode"], container.logs(stdout=True, stderr=False).decode(errors="replace"),
+                container.logs(stdout=False, stderr=True).decode(errors="replace"))
+    finally:
+        container.remove(force=True)
+
+
+def losses(text):
+    return [(int(step), float(loss)) for step, loss in LOSS.findall(ANSI.sub("", text))]
+
+
+def check_case(client, image, case):
+    """Run `case`; raise AssertionError with the container's output tail when it does not hold."""
+    started = time.monotonic()
+    code, out, err = run_container(client, image, case)
+    tail = f"\n--- stdout (tail) ---\n{out[-3000:]}\n--- stderr (tail) ---\n{err[-3000:]}"
+    assert code == case.exit_code, f"{case.name}: exit status {code}, expected {case.exit_code}{tail}"
+    summary = f"exit {code}"
+    if case.loss_falls:
+        seen = losses(out + err)
+        assert len(seen) >= 2, f"{case.name}: fewer than 2 loss lines in the output{tail}"
+        assert all(math.isfinite(loss) for _, loss in seen), f"{case.name}: non-finite loss {seen}{tail}"
+        assert seen[-1][1] < seen[0][1], f"{case.name}: loss did not fall: {seen}{tail}"
+        summary += ", loss " + " -> ".join(f"{loss:.3f}" for _, loss in seen)
+    if case.nproc is not None:
+        plan = json.loads(out)
+        assert plan["nproc"] == case.nproc, f"{case.name}: plan has {plan['nproc']} processes, expected {case.nproc}"
+        assert plan["devices"]["kind"] == "neuron", f"{case.name}: plan is for {plan['devices']['kind']}{tail}"
+        assert f"--nproc_per_node={case.nproc}" in plan["argv"], f"{case.name}: argv {plan['argv']}"
+        summary += f", plan: {plan['nproc']} processes on {len(plan['devices']['nodes'])} Neuron devices"
+    if case.error is not None:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, f"{case.name}: expected a one-line error, got {len(lines)} lines{tail}"
+        assert case.error in lines[0], f"{case.name}: {case.error!r} not in the error line {lines[0]!r}"
+        summary += f": {lines[0]}"
+    seconds = time.monotonic() - started
+    log(f"{case.name}: ok ({seconds:.0f}s) {summary}")
+    return summary
+
+
+# ---- the image itself -------------------------------------------------------------------------
+
+# Run inside the image as its own user: what a layer must not contain, and what the user can write.
+# A certificate-like file is allowed only when a wheel installed with --require-hashes shipped it, byte
+# for byte (public CA bundles of certifi, pip, grpc): its sha256 must match its distribution's RECORD.
+INSPECT = r"""
+import base64, hashlib, importlib.metadata as md, json, os, torch
+shipped = {}
+for dist in md.distributions():
+    for f in dist.files or ():
+        if f.hash and f.hash.mode == "sha256":
+            shipped[os.path.realpath(dist.locate_file(f))] = f.hash.value
+def pristine(path):
+    digest = base64.urlsafe_b64encode(hashlib.sha256(open(path, "rb").read()).digest()).rstrip(b"=").decode()
+    return shipped.get(os.path.realpath(path)) == digest
+suspicious = []
+for top in ("/opt/neuron-qwen3", "/data", "/home/trainer", "/tmp", "/root", "/etc/pip.conf", "/etc/pip"):
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if (name.endswith((".pem", ".crt", ".key", ".p12"))
+                    or name in (".netrc", "pip.conf", ".pypirc", ".git-credentials", "token", "credentials")
+                    or (name == "config.json" and dirpath.endswith(".docker"))):
+                if not pristine(path):
+                    suspicious.append(path)
+paths = [os.environ[var] for var in ("ASSETS_DIR", "OUTPUT_DIR", "CACHE_DIR")] + ["/data/checkpoints"]
+writable = {path: os.access(path, os.W_OK) for path in paths}
+print(json.dumps({"uid": os.getuid(), "torch": torch.__file__, "suspicious": suspicious, "writable": writable}))
+"""
+SECRET_WORDS = re.compile(r"(token|secret|password|passwd|api_?key|credentials?)[a-z_]*=|PRIVATE KEY", re.I)
+
+
+def inspect_image(client, image, base_image):
+    """Image-level checks; returns a dict of what was measured (size added, labels)."""
+    attrs = client.images.get(image).attrs
+    config = attrs["Config"]
+    assert config["Entrypoint"] == ["python3", "-m", "entrypoint"], f"entrypoint {config['Entrypoint']}"
+    assert config["WorkingDir"] == "/opt/neuron-qwen3", f"workdir {config['WorkingDir']}"
+    assert config["User"] not in ("", "0", "root"), f"runs as root ({config['User']!r})"
+    assert (config.get("Healthcheck") or {}).get("Test") == ["NONE"], f"healthcheck {config.get('Healthcheck')}"
+    labels = config["Labels"] or {}
+    pins = {r.name: r.version for r in wheelhouse.parse_lock(REPO / "requirements.lock")}
+    expected = {"io.neuron-qwen3.torchtitan.version": pins["torchtitan"],
+                "io.neuron-qwen3.transformers.version": pins["transformers"],
+                "org.opencontainers.image.base.name": base_image}
+    for key, value in expected.items():
+        assert labels.get(key) == value, f"label {key}={labels.get(key)!r}, expected {value!r}"
+    for key in ("org.opencontainers.image.revision", "org.opencontainers.image.created",
+                "io.neuron-qwen3.torch.version"):
+        assert labels.get(key) not in (None, "", "unknown"), f"label {key} is {labels.get(key)!r}"
+
+    # No secret in any layer: nothing token-like in the build steps or the environment...
+    history = [step.get("CreatedBy", "") for step in client.api.history(image)]
+    base_history = {step.get("CreatedBy", "") for step in client.api.history(base_image)}
+    ours = [step for step in history if step not in base_history]
+    base_env = set(client.images.get(base_image).attrs["Config"]["Env"] or ())
+    leaks = [step for step in ours + [e for e in config["Env"] if e not in base_env] if SECRET_WORDS.search(step)]
+    assert not leaks, f"secret-like words in the image's build steps or environment: {leaks}"
+    # ...and no key, certificate or credentials file in the paths the image's layers write.
+    out = client.containers.run(image, ["-c", INSPECT], entrypoint="python3", network_mode="none", remove=True)
+    seen = json.loads(out.decode().strip().splitlines()[-1])
+    assert not seen["suspicious"], f"key/certificate/credential files no hashed wheel shipped: {seen['suspicious']}"
+    assert seen["uid"] != 0, "the container runs as root"
+    assert all(seen["writable"].values()), f"data paths not writable by the image's user: {seen['writable']}"
+    assert "/opt/neuron-qwen3/venv/" not in seen["torch"], f"torch comes from the image's venv: {seen['torch']}"
+
+    added = attrs["Size"] - client.images.get(base_image).attrs["Size"]
+    assert added < SIZE_BUDGET, f"the image adds {added / 1e9:.2f} GB to its base (budget {SIZE_BUDGET / 1e9} GB)"
+    log(f"image: ok; adds {added / 1e6:.0f} MB to its base; user {config['User']}; torch from {seen['torch']}")
+    return {"added_bytes": added, "labels": labels, "user": config["User"]}
+
+
+# ---- 4. hadolint ------------------------------------------------------------------------------
+
+IGNORE = re.compile(r"#\s*hadolint\s+ignore=(\S+)(.*)")
+
+
+def hadolint():
+    """hadolint at the error threshold; every inline ignore must say why on the same line."""
+    exe = Path(sys.executable).parent / "hadolint"
+    done = subprocess.run([str(exe), "--config", "ci/hadolint.yaml", *HADOLINT_FILES], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, f"hadolint failed:\n{done.stdout}{done.stderr}"
+    for name in HADOLINT_FILES:
+        lines = (REPO / name).read_text().splitlines()
+        for number, line in enumerate(lines, 1):
+            match = IGNORE.search(line)
+            if match:  # the reason: after the rule list, or the comment line just above
+                above = lines[number - 2].strip() if number > 1 else ""
+                reason = match[2].strip(" :-") or (above.lstrip("# ") if above.startswith("#") else "")
+                assert len(reason) >= 10, f"{name}:{number}: hadolint ignore={match[1]} without a reason"
+    config = (REPO / "ci" / "hadolint.yaml").read_text()
+    for line in config.splitlines():
+        if re.match(r"\s*-\s*(DL|SC)\d+", line):
+            assert "#" in line, f"ci/hadolint.yaml: ignored rule without a reason: {line.strip()}"
+    log(f"hadolint: clean ({', '.join(HADOLINT_FILES)})")
+
+
+# ---- the job ------------------------------------------------------------------------------------
+
+
+def prune_old_images(client, keep):
+    """Remove neuron-qwen3 images other than `keep` (each is 0.7 GB of unique layers)."""
+    for image in client.images.list(name=build_image.NAME):
+        if image.id != keep:
+            client.images.remove(image.id, force=True)
+    # untagged earlier builds (their tags moved on); the untagged `packages` stage images carry no such
+    # label and stay: they are the build cache of the package layer
+    client.images.prune(filters={"dangling": True, "label": "org.opencontainers.image.title=neuron-qwen3"})
+
+
+def main():
+    from ci.engine import Engine
+
+    started = time.monotonic()
+    failures = []
+    hadolint()
+    with Engine() as client:
+        base = standin.ensure(client)
+        result = build_image.build(client, base_image=base, hermetic=True)
+        image = result.tags[0]
+        prune_old_images(client, result.image_id)
+        for case in CASES:
+            try:
+                check_case(client, image, case)
+            except AssertionError as error:
+                failures.append(str(error))
+                log(f"{case.name}: FAILED\n{error}")
+        try:
+            inspect_image(client, image, base)
+        except AssertionError as error:
+            failures.append(str(error))
+            log(f"image: FAILED\n{error}")
+    log(f"{'FAILED' if failures else 'passed'}: {len(CASES) + 2 - len(failures)} of {len(CASES) + 2} checks "
+        f"in {time.monotonic() - started:.0f}s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
