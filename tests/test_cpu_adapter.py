@@ -32,6 +32,7 @@ def test_native_attention_backward_on_cpu():
     assert patched.returncode == 0, patched.stderr
     err = float(re.search(r"max_abs_err=(\S+)", patched.stdout).group(1))
     assert err < 1e-5 and "grad_finite=True" in patched.stdout
+    assert "compiled_frames=0" in patched.stdout, "the block mask should be built eagerly, without Inductor"
 
 
 def test_transformers_backend_attention_on_cpu():
