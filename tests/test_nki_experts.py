@@ -74,6 +74,23 @@ def make_pair(dim, hidden, num_experts, block_size, compute_dtype, block_count="
     return titan, nki
 
 
+def assert_same_as_torchtitan(titan, nki, counts, dim, seed, out_rel, grad_rel):
+    """Run both on the same random rows; output, input grad and every weight grad within the tolerances.
+
+    Returns torchtitan's output and nki's weight grads for the callers' extra checks."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(int(counts.sum()), dim, generator=gen)
+    grad_out = torch.randn(x.shape, generator=gen)
+    out_t, gx_t, gw_t = run(titan, x, counts, grad_out)
+    out_n, gx_n, gw_n = run(nki, x, counts, grad_out)
+    scale_close(out_n, out_t, out_rel)
+    scale_close(gx_n, gx_t, grad_rel)
+    assert gw_n.keys() == gw_t.keys() == {"w1_EFD", "w2_EDF", "w3_EFD"}
+    for name in gw_t:
+        scale_close(gw_n[name], gw_t[name], grad_rel)
+    return out_t, gw_n
+
+
 def run(module, x, counts, grad_out):
     x = x.detach().clone().requires_grad_()
     out = module(x, counts)
@@ -119,17 +136,8 @@ ALL_CASES = GROUPED_CASES + random_cases()
 def test_matches_grouped_experts_fp32(titan_in_fp32, name, counts, dim, hidden, block_size, block_count):
     counts = torch.tensor(counts)
     titan, nki = make_pair(dim, hidden, len(counts), block_size, "float32", block_count)
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(int(counts.sum()), dim, generator=gen)
-    grad_out = torch.randn(x.shape, generator=gen)
-    out_t, gx_t, gw_t = run(titan, x, counts, grad_out)
-    out_n, gx_n, gw_n = run(nki, x, counts, grad_out)
+    out_t, gw_n = assert_same_as_torchtitan(titan, nki, counts, dim, seed=1, out_rel=1e-5, grad_rel=1e-5)
     assert out_t.dtype == torch.float32  # the no-op cast held: torchtitan really ran in fp32
-    scale_close(out_n, out_t, 1e-5)
-    scale_close(gx_n, gx_t, 1e-5)
-    assert gw_n.keys() == gw_t.keys() == {"w1_EFD", "w2_EDF", "w3_EFD"}
-    for name_ in gw_t:
-        scale_close(gw_n[name_], gw_t[name_], 1e-5)
     idle = counts == 0
     if idle.any():  # experts that received nothing get exactly zero gradient
         assert not gw_n["w1_EFD"][idle].any() and not gw_n["w2_EDF"][idle].any()
@@ -139,15 +147,7 @@ def test_matches_grouped_experts_fp32(titan_in_fp32, name, counts, dim, hidden, 
 def test_matches_grouped_experts_bf16(name, counts, dim, hidden, block_size):
     counts = torch.tensor(counts)
     titan, nki = make_pair(dim, hidden, len(counts), block_size, "bfloat16")
-    gen = torch.Generator().manual_seed(2)
-    x = torch.randn(int(counts.sum()), dim, generator=gen)
-    grad_out = torch.randn(x.shape, generator=gen)
-    out_t, gx_t, gw_t = run(titan, x, counts, grad_out)
-    out_n, gx_n, gw_n = run(nki, x, counts, grad_out)
-    scale_close(out_n, out_t, 1e-2)
-    scale_close(gx_n, gx_t, 2e-2)
-    for name_ in gw_t:
-        scale_close(gw_n[name_], gw_t[name_], 2e-2)
+    assert_same_as_torchtitan(titan, nki, counts, dim, seed=2, out_rel=1e-2, grad_rel=2e-2)
 
 
 def test_rows_past_the_counts_get_zero_output():
@@ -488,15 +488,7 @@ def test_nki_path_plumbing_with_stand_in_kernels(monkeypatch, titan_in_fp32):
     monkeypatch.setenv(KERNEL_ENV, "nki")
     counts = torch.tensor([150, 0, 3, 129])
     titan, nki = make_pair(64, 32, len(counts), 128, "float32")  # block_count auto: static on the NKI path
-    gen = torch.Generator().manual_seed(6)
-    x = torch.randn(int(counts.sum()), 64, generator=gen)
-    grad_out = torch.randn(x.shape, generator=gen)
-    out_t, gx_t, gw_t = run(titan, x, counts, grad_out)
-    out_n, gx_n, gw_n = run(nki, x, counts, grad_out)
-    scale_close(out_n, out_t, 1e-5)
-    scale_close(gx_n, gx_t, 1e-5)
-    for name in gw_t:
-        scale_close(gw_n[name], gw_t[name], 1e-5)
+    assert_same_as_torchtitan(titan, nki, counts, 64, seed=6, out_rel=1e-5, grad_rel=1e-5)
 
 
 def test_kernel_path_selection(monkeypatch):
