@@ -8,7 +8,7 @@
   time from `python -m entrypoint` to the first logged training step, which is what a user waits for.
 Machines here are noisy, so every figure is a ratio of runs made side by side in one invocation.
 
-Run from the repo root: .venv/bin/python bench/bench_entrypoint.py [dry_run|throughput ...]
+Run from the repo root: .venv/bin/python -m bench.bench_entrypoint [dry_run|throughput ...]
 """
 
 import json

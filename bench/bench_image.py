@@ -1,7 +1,7 @@
 """Benchmark the image build: cold build, rebuild after a one-file change in recipes/, size added on top of the base.
 
-    .venv/bin/python bench/bench_image.py            # on the stand-in base (built first if missing)
-    .venv/bin/python bench/bench_image.py --base-image IMAGE
+    .venv/bin/python -m bench.bench_image            # on the stand-in base (built first if missing)
+    .venv/bin/python -m bench.bench_image --base-image IMAGE
 
 Goals (issue "The image"): a recipes/ change rebuilds in under 10 s and reinstalls no package; the image
 adds under 1.5 GB to its base (torch excluded: it is the base's). Everything is built from a copy of
@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from ci import build_image, standin  # noqa: E402
-from ci.engine import Engine  # noqa: E402
+from ci import build_image, standin
+from ci.engine import Engine
 
 INSTALL_STEP = "install-packages.sh"
 

@@ -1,9 +1,9 @@
 """Build the neuron-qwen3 image through the docker SDK (what `make image` runs).
 
-    python ci/build_image.py                                  # hermetic, on the Neuron 2.33 DLC
-    python ci/build_image.py --base-image neuron-qwen3-standin:torch2.14.1-...   # on another base
-    python ci/build_image.py --online                         # pip in the build reaches the index
-    python ci/build_image.py --torchtitan neuron --torchtitan-neuron-wheel dist/torchtitan-....whl
+    python -m ci.build_image                                  # hermetic, on the Neuron 2.33 DLC
+    python -m ci.build_image --base-image neuron-qwen3-standin:torch2.14.1-...   # on another base
+    python -m ci.build_image --online                         # pip in the build reaches the index
+    python -m ci.build_image --torchtitan neuron --torchtitan-neuron-wheel dist/torchtitan-....whl
 
 Hermetic (the default): the wheels of requirements.lock for the base image's own Python (probed by
 running it) are downloaded on the host into .wheelhouse/, sent with the build context, and the
@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from ci import wheelhouse  # noqa: E402
+from ci import wheelhouse
 
 NAME = "neuron-qwen3"
 DEFAULT_BASE = "public.ecr.aws/neuron/pytorch-training-neuronx:2.14.0-neuronx-py314-sdk2.33.0-ubuntu26.04"

@@ -128,7 +128,7 @@ def _stop_on_signal(signum, _frame):
     raise SystemExit(128 + signum)
 
 
-if __name__ == "__main__":  # `python ci/engine.py`: an engine for manual use, up until SIGINT or SIGTERM
+if __name__ == "__main__":  # `python -m ci.engine`: an engine for manual use, up until SIGINT or SIGTERM
     for stop_signal in (signal.SIGINT, signal.SIGTERM):  # also when started in the background (SIGINT ignored)
         signal.signal(stop_signal, _stop_on_signal)
     engine = Engine()

@@ -1,6 +1,6 @@
 """The image smoke-test job: build the image on a stand-in base and run it for real.
 
-    python ci/smoke.py            # or `make smoke`; tests/test_image.py runs the same pieces under pytest
+    python -m ci.smoke            # or `make smoke`; tests/test_image.py runs the same pieces under pytest
 
 1. a Docker engine: the one that answers, else Debian's docker.io started here (ci/engine.py), stopped after;
 2. the stand-in base (Debian 12 + Python 3.11 + torch 2.14.1, ci/standin.py), built once and reused, then
@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from ci import build_image, standin, wheelhouse  # noqa: E402
+from ci import build_image, standin, wheelhouse
 
 STEPS = os.environ.get("NQ_SMOKE_STEPS", "4")
 NEURON_DEVICES = 4  # x 4 logical cores per trn2 device at LNC 2 = 16 processes

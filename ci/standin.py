@@ -1,6 +1,6 @@
 """The stand-in base image: Debian 12 + Python 3.11 + torch 2.14.1, playing the Neuron DLC's role in CI.
 
-    python ci/standin.py            # build it if missing; print its tag
+    python -m ci.standin            # build it if missing; print its tag
 
 No base image can be pulled here, so the root filesystem is made with debootstrap and imported. The
 tag is keyed by the content of everything that goes into it (ci/standin/Dockerfile, the Debian
@@ -24,11 +24,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from ci import wheelhouse  # noqa: E402
-from ci.build_image import stream_build  # noqa: E402
-from ci.engine import apt_install  # noqa: E402
+from ci import wheelhouse
+from ci.build_image import stream_build
+from ci.engine import apt_install
 
 NAME = "neuron-qwen3-standin"
 ROOTFS_NAME = "neuron-qwen3-rootfs"

@@ -10,7 +10,9 @@ markers are evaluated here against the target (probed from the base image) and d
 
 import hashlib
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -18,6 +20,11 @@ from pathlib import Path
 
 from packaging.markers import Marker
 from packaging.utils import canonicalize_name, parse_wheel_filename
+
+# `make venv` downloads every wheel of the three locks for this host here (Makefile: WHEELS). A target that
+# matches the host (the stand-in base: CPython 3.11, manylinux) finds all its wheels in it, so the image job
+# needs no package index after `make venv`; another target (the DLC's 3.14) falls back to `pip download`.
+LOCAL_WHEELS = Path(__file__).resolve().parent.parent / "build" / "wheels"
 
 # Printed by the base image's python3: what markers and wheel tags need to know. No import of torch
 # (seconds), no pip: metadata only.
@@ -123,6 +130,32 @@ def _sha256(path):
     return digest.hexdigest()
 
 
+def _fits(tags, target):
+    """Whether a wheel with these tags installs on the target's CPython and platform."""
+    major, minor = target["python_version"].split(".")
+    platforms = set(platform_tags(target)) | {"any"}
+
+    def python_ok(tag):
+        if tag.abi == "abi3":  # stable ABI: built for cp3N, good on every later 3.x
+            return tag.interpreter.startswith("cp3") and int(tag.interpreter[3:]) <= int(minor)
+        return tag.interpreter in {f"cp{major}{minor}", f"py{major}", f"py{major}{minor}"} and \
+            tag.abi in {f"cp{major}{minor}", "none"}
+
+    return any(python_ok(tag) and tag.platform in platforms for tag in tags)
+
+
+def _link_local(wanted, target, dest, source=LOCAL_WHEELS):
+    """Hard-link (else copy) into `dest` each wheel of `source` that a wanted pin names; hashes are checked later."""
+    versions = {(r.name, r.version) for r in wanted}
+    for path in source.glob("*.whl") if source.is_dir() else ():
+        name, version, _, tags = parse_wheel_filename(path.name)
+        if (name, str(version)) in versions and _fits(tags, target) and not (dest / path.name).exists():
+            try:
+                os.link(path, dest / path.name)
+            except OSError:
+                shutil.copy2(path, dest / path.name)
+
+
 def prepare(requirements, target, dest, log=print):
     """Download the wheels of `requirements` that apply to `target` into `dest`; drop any other file there.
 
@@ -138,8 +171,9 @@ def prepare(requirements, target, dest, log=print):
         name, version, *_ = parse_wheel_filename(path.name)
         if (name, str(version)) not in keep:
             path.unlink()
+    _link_local(wanted, target, dest)
     if _complete(wanted, dest):
-        log(f"wheelhouse: all {len(wanted)} wheels already in {dest}, hashes match")
+        log(f"wheelhouse: all {len(wanted)} wheels in {dest}, hashes match")
         return req_file
     py = target["python_version"].replace(".", "")
     argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",

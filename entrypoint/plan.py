@@ -16,8 +16,9 @@ from entrypoint.variants import RECIPE_MODULE, VARIANTS
 
 REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 RECIPES = os.path.join(REPO, "recipes")
-# the CPU worker applies the CPU adapter before torchtitan is imported, then runs torchtitan.train.main
-WORKER = {"neuron": "torchtitan.train", "cuda": "torchtitan.train", "cpu": "neuron_qwen3.train"}
+# Every worker ends in neuron_qwen3.trainer (torchtitan's main with the project's run hooks); the CPU worker
+# applies the CPU adapter before torchtitan is imported.
+WORKER = {"neuron": "neuron_qwen3.trainer", "cuda": "neuron_qwen3.trainer", "cpu": "neuron_qwen3.cpu_worker"}
 COMPILE_BACKEND = {"neuron": "neuron", "cuda": "inductor", "cpu": "inductor"}
 UNIT = {"neuron": "logical NeuronCores", "cuda": "GPUs", "cpu": "CPU cores"}
 

@@ -6,13 +6,11 @@ the adapter it must work. Run: .venv/bin/python -m pytest tests/test_cpu_adapter
 """
 
 import re
-import sys
 
 import pytest
 
 from conftest import RECIPES, run_scenario
 
-sys.path.insert(0, str(RECIPES))
 
 
 def test_device_is_cpu_only_with_adapter():

@@ -35,7 +35,7 @@ def after(argv, flag):
 def test_article_launch_for_every_platform_variant_and_scale(kind, variant, scale):
     p = build(kind, VARIANT=variant.name, SCALE=scale)
     nproc = 1 if kind == "cpu" else DEVICES[kind].count
-    worker = "neuron_qwen3.train" if kind == "cpu" else "torchtitan.train"
+    worker = "neuron_qwen3.cpu_worker" if kind == "cpu" else "neuron_qwen3.trainer"
     assert list(p.argv[:16]) == [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *ARTICLE,
                                  "-m", worker]
     assert p.argv[16:20] == ("--module", RECIPE_MODULE, "--config", variant.configs[scale])

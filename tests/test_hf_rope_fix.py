@@ -6,17 +6,15 @@ init leaves the rotary frequencies the ones transformers computes, only when the
 """
 
 import json
-import sys
 
 import pytest
 import torch
 
 from conftest import RECIPES
 
-sys.path.insert(0, str(RECIPES))
-from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel  # noqa: E402
+from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
 
-from neuron_qwen3 import config_registry, hf_rope_fix  # noqa: E402  (importing applies the fix)
+from neuron_qwen3 import config_registry, hf_rope_fix  (importing applies the fix)
 
 
 def _materialised_v5_smoke_model():

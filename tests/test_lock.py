@@ -1,16 +1,14 @@
-"""The hashed locks: complete, consistent, torch-free where they must be, reproducible, and good for Python 3.14.
+"""The hashed locks, read from the files alone: complete, consistent, torch-free where they must be.
 
 requirements.lock is what the image installs on top of the DLC (never torch); requirements-torch.lock
 pins the host torch (the only place it is pinned); requirements-dev.lock is for tests and CI.
-The last two tests ask PyPI (as `make lock` does): a failure there says so.
+Nothing here asks the package index: that the locks install is proven by `make venv` and the image job, and
+whether `make lock` still gives the same pins today is `make lock-check` (ci/lock_check.py), run when updating pins.
 Run: .venv/bin/python -m pytest tests/test_lock.py -q -rs
 """
 
 import importlib.metadata as metadata
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -44,6 +42,20 @@ def test_every_requirement_is_pinned_and_hashed(name):
         assert entry.version and re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", entry.version), f"{name}: {entry}"
         assert entry.hashes and all(h.startswith("sha256:") for h in entry.hashes), f"{name}: {entry.name} unhashed"
     assert "make lock" in (REPO / name).read_text().splitlines()[1], f"{name} was not made by `make lock`"
+
+
+@pytest.mark.parametrize("name", LOCKS)
+def test_every_input_is_in_its_lock(name):
+    """Each requirement of requirements*.in is pinned in the lock made from it, at a version the .in allows."""
+    source = REPO / name.replace(".lock", ".in")
+    pins = {e.name: e.version for e in lock(name)}
+    wanted = [Spec(line.split("#", 1)[0].strip()) for line in source.read_text().splitlines()
+              if line.split("#", 1)[0].strip()]
+    assert wanted, f"{source.name} names no requirement"
+    for spec in wanted:
+        pinned = pins.get(canonicalize_name(spec.name))
+        assert pinned, f"{spec.name} of {source.name} is not in {name}: run `make lock`"
+        assert spec.specifier.contains(pinned, prereleases=True), f"{name} pins {spec.name}=={pinned}, {source.name} says {spec}"
 
 
 def test_image_lock_never_brings_torch():
@@ -99,34 +111,3 @@ def test_markers_select_per_target_python():
              for target, env in (("3.11", PY311), ("3.14", PY314))}
     assert len(numpy["3.11"]) == 1 and len(numpy["3.14"]) == 1, numpy
     assert wheelhouse.platform_tags({"platform_machine": "x86_64", "glibc": "2.39"})[0] == "manylinux_2_39_x86_64"
-
-
-def uv():
-    exe = Path(sys.executable).parent / "uv"
-    if not exe.exists():
-        pytest.fail(f"uv is missing from {exe.parent}: run `make venv` (requirements-dev.lock brings it)")
-    return str(exe)
-
-
-def test_make_lock_reproduces_the_locks(tmp_path):
-    """`make lock` is pinned in time (--exclude-newer): regenerating gives the same pins and hashes."""
-    done = subprocess.run(["make", "-s", "-o", ".venv/.locks-installed", "lock", f"LOCK_DIR={tmp_path}"], cwd=REPO,
-                          capture_output=True, text=True)
-    assert done.returncode == 0, f"make lock could not resolve (PyPI unreachable?):\n{done.stderr[-3000:]}"
-    for name in LOCKS:
-        assert lock(name) == wheelhouse.parse_lock(tmp_path / name), f"{name} is stale: run `make lock`"
-
-
-def test_image_lock_installs_on_python_314(tmp_path):
-    """The 2.33 DLC has Python 3.14: every pin has a cp314/abi3/pure wheel for manylinux x86_64 with a locked hash."""
-    done = subprocess.run([uv(), "pip", "install", "--quiet", "--target", str(tmp_path / "site"), "--python-version",
-                           "3.14", "--python-platform", "x86_64-manylinux_2_28", "--only-binary", ":all:",
-                           "--require-hashes", "--no-deps", "-r", str(REPO / "requirements.lock")],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, f"requirements.lock does not install for CPython 3.14:\n{done.stderr[-3000:]}"
-    installed = {p.name.split("-")[0].lower().replace("_", "-") for p in (tmp_path / "site").glob("*.dist-info")}
-    expected = {e.name for e in lock("requirements.lock") if wheelhouse.applies(e, PY314)}
-    assert expected <= {canonicalize_name(n) for n in installed}, expected - installed
-    assert any(p.name.startswith("numpy-2.5") for p in (tmp_path / "site").glob("numpy-*.dist-info"))
-    assert list((tmp_path / "site" / "numpy" / "_core").glob("*.cpython-314-x86_64-linux-gnu.so"))
-    shutil.rmtree(tmp_path / "site")

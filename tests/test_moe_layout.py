@@ -1,6 +1,6 @@
 """The nkilib blockwise layout built by moe_layout.py: properties over many random routings.
 
-Run: PYTHONPATH=recipes .venv/bin/python -m pytest tests/test_moe_layout.py -q
+Run: .venv/bin/python -m pytest tests/test_moe_layout.py -q
 
 The dispatch order is checked against torchtitan's own LocalTokenDispatcher, the block counts
 against math.ceil, the static bound against brute force, and the packed weights against the

@@ -1,6 +1,6 @@
 """NKIGroupedExperts (reference path) against torchtitan's own GroupedExperts and MoE, the op, the override.
 
-Run: PYTHONPATH=recipes .venv/bin/python -m pytest tests/test_nki_experts.py -q
+Run: .venv/bin/python -m pytest tests/test_nki_experts.py -q
 
 fp32: torchtitan's GroupedExperts.forward hardcodes `.bfloat16()` casts; for an fp32 comparison the
 tests run torchtitan's unmodified forward with `Tensor.bfloat16` made the identity (fixture

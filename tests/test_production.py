@@ -23,9 +23,8 @@ import yaml
 
 from conftest import REPO
 
-sys.path.insert(0, str(REPO))
-from entrypoint import checkpoints, contract, launch  # noqa: E402
-from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE  # noqa: E402
+from entrypoint import checkpoints, contract, launch
+from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
 
 DEPLOY = REPO / "deploy"
 SCHEMA = Path(__file__).resolve().parent / "data" / "kubeflow-trainjob-v2.3.0.schema.json"

@@ -1,13 +1,11 @@
 """The README's tables are copies of the variant table and the env contract: keep them in step."""
 
 import re
-import sys
 
 from conftest import REPO
 
-sys.path.insert(0, str(REPO))
-from entrypoint.contract import VARS  # noqa: E402
-from entrypoint.variants import DEFAULT_VARIANT, VARIANTS  # noqa: E402
+from entrypoint.contract import VARS
+from entrypoint.variants import DEFAULT_VARIANT, VARIANTS
 
 README = (REPO / "README.md").read_text()
 

@@ -4,19 +4,16 @@ Run: .venv/bin/python -m pytest tests/test_recipes.py
 """
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, RECIPES
 
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(RECIPES))
-from entrypoint.variants import RECIPE_MODULE, SCALES, VARIANTS  # noqa: E402
-from torchtitan.config import ConfigManager  # noqa: E402
+from entrypoint.variants import RECIPE_MODULE, SCALES, VARIANTS
+from torchtitan.config import ConfigManager
 
-from neuron_qwen3 import config_registry  # noqa: E402
+from neuron_qwen3 import config_registry
 
 ALL_CONFIGS = [(v.name, scale, v.configs[scale]) for v in VARIANTS.values() for scale in SCALES]
 

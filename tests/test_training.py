@@ -15,8 +15,7 @@ import pytest
 
 from conftest import REPO, worker_env
 
-sys.path.insert(0, str(REPO))
-from entrypoint.variants import VARIANTS  # noqa: E402
+from entrypoint.variants import VARIANTS
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STEP_LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
@@ -66,7 +65,7 @@ def test_nki_moe_matches_native_moe_step_by_step(tmp):
     """Same seed, same data, same weights: the expert override must not change the maths."""
     nki = launch("nki_moe", 1, tmp)
     native = subprocess.run(
-        [sys.executable, "-m", "neuron_qwen3.train", "--module", "neuron_qwen3", "--config", "native_moe_qwen3_smoke",
+        [sys.executable, "-m", "neuron_qwen3.cpu_worker", "--module", "neuron_qwen3", "--config", "native_moe_qwen3_smoke",
          "--dump_folder", f"{tmp}/native-moe"],
         env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert native.returncode == 0, native.stderr[-3000:]

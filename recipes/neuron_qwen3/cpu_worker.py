@@ -1,8 +1,8 @@
-"""`python -m torchtitan.train`, with the CPU adapter applied first when there is no accelerator.
+"""The CPU worker: the CPU adapter first (before torchtitan is imported), then the project's trainer main.
 
-The launcher runs this worker on CPU hosts; on Neuron and CUDA it runs torchtitan.train itself,
-exactly as the article does. Also usable by hand without torchrun, as a single process:
-    PYTHONPATH=recipes python -m neuron_qwen3.train --module neuron_qwen3 --config native_qwen3_smoke
+The launcher runs this worker on CPU hosts (neuron_qwen3.trainer on CUDA). Also usable by hand without
+torchrun, as a single process:
+    PYTHONPATH=recipes python -m neuron_qwen3.cpu_worker --module neuron_qwen3 --config native_qwen3_smoke
 """
 
 import os
@@ -27,9 +27,9 @@ def main() -> None:
     if cpu_adapter.needed():
         cpu_adapter.activate()
     _single_process_defaults()
-    from torchtitan.train import main as torchtitan_main
+    from neuron_qwen3 import trainer
 
-    torchtitan_main()
+    trainer.main()
 
 
 if __name__ == "__main__":
