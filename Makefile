@@ -2,7 +2,7 @@
 #
 #   make venv       .venv from the three hashed locks (idempotent: re-runs only when a lock changes); their
 #                   wheels stay in build/wheels, so the image job needs no package index
-#   make train      the launcher at smoke scale on this host (VARIANT=native|v5|nki_moe, STEPS=N)
+#   make train      the launcher at smoke scale on this host (VARIANT=native|v5|nki_moe, STEPS=N, DEVICE=cpu)
 #   make test       the whole test suite, the image smoke job included (what CI runs)
 #   make test-fast  everything but the slow groups (markers `image` and `training`, pyproject.toml)
 #   make lock       regenerate requirements*.lock from requirements*.in (needs the package index)
@@ -35,8 +35,10 @@ $(STAMP): $(LOCKS)
 		$(addprefix -r ,$(LOCKS))
 	touch $@
 
+# The host venv has no torch-neuronx (the locks never pin Neuron packages), so on a Neuron host the smoke job
+# runs on the host's CPU (DEVICE=cpu) unless DEVICE says otherwise; elsewhere the launcher picks CUDA or CPU.
 train: venv
-	SCALE=$${SCALE:-smoke} $(PY) -m entrypoint
+	SCALE=$${SCALE:-smoke} DEVICE=$${DEVICE:-$$(test -e /dev/neuron0 && echo cpu || echo auto)} $(PY) -m entrypoint
 
 test: venv
 	$(PY) -m pytest -q -rs

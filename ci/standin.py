@@ -132,7 +132,7 @@ def ensure(client, log_stream=sys.stderr):
                      buildargs={"ROOTFS": rootfs, "WHEELS_URL": url}, out=log_stream)
     finally:
         server.shutdown()
-    shutil.rmtree(WHEELS)  # 3 GB; the image is keyed, so they are not needed again for it
+    shutil.rmtree(WHEELS)  # hard links into build/wheels (or 3 GB downloaded); the image is keyed, not needed again
     for image in client.images.list(name=NAME):  # stand-ins of older inputs: untag; delete once unused
         if ref not in image.tags:
             log(f"removing the outdated {', '.join(image.tags)}")

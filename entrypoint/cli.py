@@ -1,8 +1,10 @@
 """`python -m entrypoint`: read the environment, find the devices, plan one torchrun command, run it.
 
-Configuration comes only from the environment (see `--help`), so `docker run -e VARIANT=nki_moe IMAGE` is the
-whole interface; the flags only inspect. A launch goes: plan -> preflight (preflight.py) -> model assets at full
-scale (fetch_assets.py) -> the checkpoint to resume from (checkpoints.py) -> torchrun (launch.py).
+Configuration comes from the environment (see `--help`), so `docker run -e VARIANT=nki_moe IMAGE` is the whole
+interface; the launcher's own flags only inspect, and every other argument goes to torchtitan after EXTRA_ARGS, as
+torchtitan's run_train.sh passes "$@" (`docker run IMAGE --training.steps 5`). A launch goes: plan -> preflight
+(preflight.py) -> model assets at full scale (fetch_assets.py) -> the checkpoint to resume from (checkpoints.py) ->
+torchrun (launch.py).
 """
 
 import argparse
@@ -12,19 +14,35 @@ import shlex
 import sys
 from dataclasses import asdict
 
-from entrypoint import contract, discovery, launch, plan
+from entrypoint import contract, discovery, launch, models, plan
 from entrypoint.variants import VARIANTS
 
 
 def parser():
-    table = "\n".join(f"  {var.name:<25} default {var.default or '-'!s:<12} {var.meaning}" for var in contract.VARS)
+    table = "\n".join(f"  {var.name}  (default: {var.default or '-'}; accepts: {var.allowed})\n      {var.meaning}"
+                      for var in contract.VARS)
     cli = argparse.ArgumentParser(
-        prog="python -m entrypoint", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train Qwen3 with torchtitan on whatever this container sees: Neuron, CUDA or CPU.",
+        prog="python -m entrypoint", formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+        usage="%(prog)s [--dry-run | --check | --list] [torchtitan arguments ...]",
+        description="Train Qwen3 with torchtitan on whatever this container sees: Neuron, CUDA or CPU. Arguments "
+                    "other than these flags go to torchtitan after EXTRA_ARGS (e.g. --training.steps 5).",
         epilog=f"environment:\n{table}")
     cli.add_argument("--dry-run", action="store_true", help="print the resolved plan as JSON and exit")
-    cli.add_argument("--list", action="store_true", help="list the variants and their config functions")
+    cli.add_argument("--check", action="store_true",
+                     help="the plan and every preflight check; starts and creates nothing; exit 0 if it would launch")
+    cli.add_argument("--list", action="store_true", help="list the variants and the Qwen3 models MODEL accepts")
     return cli
+
+
+def print_list():
+    for variant in VARIANTS.values():
+        configs = ", ".join(f"{scale}={name}" for scale, name in variant.configs.items())
+        print(f"{variant.name:<8} {variant.summary} [{configs}; other MODELs: {variant.any_model_config}]")
+    print("\nMODEL (SCALE=full):")
+    for name, shape in models.MODELS.items():
+        defaults = [v.name for v in VARIANTS.values() if v.hf_repo == name]
+        default = f"  default of {', '.join(defaults)}" if defaults else ""
+        print(f"  {name:<32} {shape.family:<5} {shape.parameters() / 1e9:6.2f} B{default}")
 
 
 def say(text, token, stream=None):
@@ -32,20 +50,30 @@ def say(text, token, stream=None):
     print(f"entrypoint: {contract.redact(text, token)}", file=stream or sys.stderr, flush=True)
 
 
-def prepare(resolved, settings, token) -> int:
-    """Everything between the plan and torchrun; 0 to go on, else the launcher's exit status."""
-    from entrypoint import checkpoints, fetch_assets, preflight  # the launch path only: --dry-run stays lean
+def checked(resolved, settings, token) -> int:
+    """Preflight: 0 to go on, else 2 after printing the reasons it stops (one line each, nothing else)."""
+    from entrypoint import preflight  # the launch path only: --dry-run stays lean
 
     findings = preflight.run(resolved, settings, os.environ)
     failures = [f.text for f in findings if f.fatal and settings.preflight == "strict"]
-    if failures:  # only the reasons it stops: one line each, nothing else
-        for text in failures:
-            say(text, token)
+    for text in failures:
+        say(text, token)
+    if failures:
         return 2
     for finding in findings:
         say(f"warning: {finding.text}", token)
+    return 0
+
+
+def prepare(resolved, settings, token) -> int:
+    """Everything between the plan and torchrun; 0 to go on, else the launcher's exit status."""
+    from entrypoint import checkpoints, fetch_assets
+
+    code = checked(resolved, settings, token)
+    if code:
+        return code
     if resolved.assets and fetch_assets.missing(resolved.assets):
-        repo = VARIANTS[settings.variant].hf_repo
+        repo = resolved.model
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (plan.REPO, os.environ.get("PYTHONPATH"))))}
         code = launch.run([sys.executable, "-m", "entrypoint.fetch_assets", repo, resolved.assets], env,
                           settings.stop_grace)
@@ -63,22 +91,27 @@ def prepare(resolved, settings, token) -> int:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    args, torchtitan_args = parser().parse_known_args(argv)
     if args.list:
-        for variant in VARIANTS.values():
-            configs = ", ".join(f"{scale}={name}" for scale, name in variant.configs.items())
-            print(f"{variant.name:<8} {variant.summary} [{configs}]")
+        print_list()
         return 0
     token = os.environ.get("HF_TOKEN")
+    for line in contract.stray_names(os.environ):
+        say(f"warning: {line}", token)
     try:
         settings = contract.parse(os.environ)
-        resolved = plan.build(settings, discovery.discover(settings), os.environ)
+        resolved = plan.build(settings, discovery.discover(settings), os.environ, torchtitan_args)
     except contract.UsageError as error:
         say(str(error), token)
         return 2
     if args.dry_run:
         print(contract.redact(json.dumps(asdict(resolved), indent=2), token))
         return 0
+    if args.check:
+        code = checked(resolved, settings, token)
+        say(f"check: {'the launch would start' if not code else 'the launch would stop'}: {resolved.config} on "
+            f"{resolved.nproc} {plan.UNIT[resolved.devices.kind]}; {resolved.parallelism['why']}", token, sys.stdout)
+        return code
     try:
         code = prepare(resolved, settings, token)
     except (contract.UsageError, OSError) as error:  # e.g. a checkpoint that cannot be moved aside

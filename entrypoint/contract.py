@@ -5,16 +5,19 @@ interface: `--help` prints it, the tests iterate over it, and the README's env t
 Bad input stops the launcher before anything starts, with one line naming the variable and what it accepts.
 """
 
+import difflib
 import ipaddress
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 
-from entrypoint.variants import DEFAULT_VARIANT, SCALES, VARIANTS
+from entrypoint.models import MODELS
+from entrypoint.variants import DEFAULT_VARIANT, RECIPE_MODULE, SCALES, VARIANTS
 
 HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
 WORD = re.compile(r"[A-Za-z0-9._-]+")
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 SWITCH = {"0": False, "false": False, "no": False, "off": False, "1": True, "true": True, "yes": True, "on": True}
 
 
@@ -92,6 +95,22 @@ def word(raw):
     return raw
 
 
+def module_name(raw):
+    if not MODULE_NAME.fullmatch(raw):
+        raise ValueError
+    return raw
+
+
+def local_ranks(raw):
+    """`all`, or local ranks like `0` or `0,3`: torchrun's `--local-ranks-filter`."""
+    if raw == "all":
+        return raw
+    ranks = [part.strip() for part in raw.split(",")]
+    if not all(part.isdigit() for part in ranks) or len(set(ranks)) != len(ranks):
+        raise ValueError
+    return ",".join(ranks)
+
+
 def procs_per_node(raw):
     return raw if raw == "auto" else positive_int(raw)
 
@@ -141,6 +160,7 @@ class Var:
     meaning: str
     parse: Callable[[str], object] = str  # raises ValueError on a value outside `allowed`
     group: str = "run"  # the docs' table it belongs to: run, paths, rendezvous, kubeflow, slurm, faults, preflight
+    secret: bool = False  # never shown: not in Settings' repr (the launcher redacts it from every line too)
 
 
 VARS = (
@@ -148,6 +168,20 @@ VARS = (
         choice(tuple(VARIANTS))),
     Var("SCALE", "full", "one of: " + ", ".join(SCALES),
         "`full`: the article's model on every core; `smoke`: a tiny model, bundled assets, offline", choice(SCALES)),
+    Var("MODEL", None, "one of the Qwen3 Hub ids `--list` shows, like Qwen/Qwen3-8B",
+        "full scale: which Qwen3 (size and form) to train; its family (dense, MoE) must be the variant's; default: "
+        "the variant's (`--list`)", choice(tuple(MODELS))),
+    Var("CONFIG", None, "a config function name (letters, digits, `_`)",
+        "any config function of MODULE, exactly as torchtitan's `--config`; replaces the one VARIANT and SCALE pick",
+        module_name),
+    Var("MODULE", RECIPE_MODULE, "a Python module name",
+        "the recipes module (torchtitan's `--module`); mount your own and set CONFIG to train it", module_name),
+    Var("DEVICE", "auto", "one of: auto, neuron, cuda, cpu",
+        "where to train; `auto`: Neuron if found, else CUDA, else CPU (`cpu` runs the CPU path on any host)",
+        choice(("auto", "neuron", "cuda", "cpu"))),
+    Var("LOG_RANK", "0", "`all`, or local ranks like 0 or 0,3",
+        "whose output the console shows (torchrun `--local-ranks-filter`); every rank's log is kept in OUTPUT_DIR",
+        local_ranks),
     Var("COMPILE", "0", "one of: " + ", ".join(SWITCH),
         "1: torch.compile (backend `neuron` on Trainium, `inductor` elsewhere); 0: eager", switch),
     Var("STEPS", None, "a positive integer", "training steps (`--training.steps`); default: the config's",
@@ -172,7 +206,7 @@ VARS = (
     Var("NEURON_RT_VISIBLE_CORES", None, "a core list like 3, 0-3 or 0-3,8 (ascending, no repeats)",
         "logical NeuronCores to use; default all", core_list),
     Var("CUDA_VISIBLE_DEVICES", None, "a comma list of GPU indices", "GPUs to use; empty: none", comma_list),
-    Var("HF_TOKEN", None, "a token", "Hub token for gated downloads; never printed"),
+    Var("HF_TOKEN", None, "a token", "Hub token for gated downloads; never printed", secret=True),
     Var("HF_HUB_OFFLINE", "0", "one of: " + ", ".join(SWITCH),
         "1: never download; full-scale assets missing from ASSETS_DIR is then an error", switch),
     Var("NEURON_QWEN3_MOE_KERNEL", "auto", "one of: auto, nki, reference",
@@ -226,47 +260,9 @@ VARS = (
 )
 
 
-@dataclass(frozen=True)
-class Settings:
-    """The parsed environment: one field per Var, named in lower case."""
-
-    variant: str
-    scale: str
-    compile: bool
-    steps: int | None
-    nproc: int | None
-    extra_args: tuple
-    assets_dir: str
-    output_dir: str
-    cache_dir: str
-    checkpoint_dir: str | None
-    neuron_logical_nc_config: str
-    neuron_rt_visible_cores: tuple | None
-    cuda_visible_devices: tuple | None
-    hf_token: str | None = field(repr=False)
-    hf_hub_offline: bool
-    neuron_qwen3_moe_kernel: str
-    neuron_qwen3_root: str
-    nnodes: int | None
-    node_rank: int | None
-    master_addr: str | None
-    master_port: int | None
-    rdzv_id: str | None
-    pet_nnodes: int | None
-    pet_node_rank: int | None
-    pet_master_addr: str | None
-    pet_master_port: int | None
-    pet_nproc_per_node: int | str | None
-    slurm_nnodes: int | None
-    slurm_nodeid: int | None
-    slurm_job_nodelist: tuple | None
-    slurm_job_id: str | None
-    checkpoint_interval: int
-    checkpoint_keep: int
-    max_restarts: int
-    stop_grace: int
-    preflight: str
-    neuron_cc_flags: tuple | None
+# The parsed environment: one field per Var, named in lower case. Built from VARS, so a variable is declared once.
+Settings = make_dataclass("Settings", [(var.name.lower(), object, field(repr=not var.secret)) for var in VARS],
+                          frozen=True)
 
 
 def parse(env) -> Settings:
@@ -278,6 +274,33 @@ def parse(env) -> Settings:
         except (ValueError, KeyError):
             raise UsageError(f"{var.name}={raw!r} is not {var.allowed}") from None
     return Settings(**values)
+
+
+# Other launchers' variables that this one does not read, and what to use instead.
+FOREIGN = {
+    "NGPU": "NPROC (processes per node; default: every core or GPU found)",
+    "CONFIG_FILE": "VARIANT and SCALE, or MODULE and CONFIG (config functions, not TOML files)",
+    "NEURON_RT_NUM_CORES": "NEURON_RT_VISIBLE_CORES (which cores) or NPROC (how many processes)",
+    "TRAIN_STEPS": "STEPS",
+}
+# Set by schedulers and runtimes, never typed by a user: not checked for near misses.
+ENGINE_PREFIXES = ("SLURM_", "PET_", "KUBERNETES_", "OMPI_", "PMI_", "TORCHELASTIC_", "NVIDIA_")
+
+
+def stray_names(env) -> list:
+    """Warnings (one line each) for variables that look meant for this launcher but are not read by it."""
+    names = {var.name for var in VARS}
+    lines = []
+    for name in sorted(env):
+        if name in names:
+            continue
+        if name in FOREIGN:
+            lines.append(f"{name} is not read by this launcher: use {FOREIGN[name]}")
+        elif not name.startswith(ENGINE_PREFIXES):
+            close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+            if close:
+                lines.append(f"{name} is not read by this launcher: did you mean {close[0]}?")
+    return lines
 
 
 def redact(text: str, token: str | None) -> str:

@@ -92,9 +92,18 @@ def cpu():
 
 
 def discover(settings: Settings, neuron_ls=run_neuron_ls) -> Devices:
-    """neuron-ls describes only the real machine, so it is consulted only when discovery looks at "/"."""
+    """DEVICE=auto: Neuron, else CUDA, else CPU. neuron-ls describes only the real machine, so it is consulted
+    only when discovery looks at "/"."""
+    if settings.device == "cpu":
+        return cpu()
     root = settings.neuron_qwen3_root
-    listing = neuron_ls() if root == "/" else None
-    lnc = int(settings.neuron_logical_nc_config)
-    return (neuron(root, lnc, settings.neuron_rt_visible_cores, listing)
-            or cuda(root, settings.cuda_visible_devices) or cpu())
+    found = None
+    if settings.device in ("auto", "neuron"):
+        listing = neuron_ls() if root == "/" else None
+        found = neuron(root, int(settings.neuron_logical_nc_config), settings.neuron_rt_visible_cores, listing)
+    if not found and settings.device in ("auto", "cuda"):
+        found = cuda(root, settings.cuda_visible_devices)
+    if not found and settings.device != "auto":
+        raise UsageError(f"DEVICE={settings.device} but no {settings.device} device is visible here "
+                         "(allowed: auto, neuron, cuda, cpu)")
+    return found or cpu()

@@ -51,8 +51,9 @@ def main(argv=None) -> int:
         snapshot_download(repo_id=repo, local_dir=dest, allow_patterns=list(PATTERNS))
     except Exception as error:  # network, authorisation, disk: one line, retryable status
         first_line = (str(error).strip().splitlines() or [""])[0]
-        print(f"entrypoint: could not fetch {repo} into {dest}: {type(error).__name__}: {first_line}",
-              file=sys.stderr)
+        print(f"entrypoint: could not fetch {repo} into {dest}: {type(error).__name__}: {first_line}; to go on, "
+              f"fill it where the Hub is reachable (`hf download {repo} --include '*.json' 'tokenizer*' --local-dir "
+              f"{dest}`) or mount a folder that has them at ASSETS_DIR", file=sys.stderr)
         return 1
     still = missing(dest)
     if still:

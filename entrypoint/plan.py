@@ -9,10 +9,10 @@ import os
 import sys
 from dataclasses import dataclass
 
-from entrypoint import rendezvous
+from entrypoint import models, rendezvous
 from entrypoint.contract import Settings, UsageError
 from entrypoint.discovery import Devices
-from entrypoint.variants import RECIPE_MODULE, VARIANTS
+from entrypoint.variants import VARIANTS
 
 REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 RECIPES = os.path.join(REPO, "recipes")
@@ -21,12 +21,20 @@ RECIPES = os.path.join(REPO, "recipes")
 WORKER = {"neuron": "neuron_qwen3.trainer", "cuda": "neuron_qwen3.trainer", "cpu": "neuron_qwen3.cpu_worker"}
 COMPILE_BACKEND = {"neuron": "neuron", "cuda": "inductor", "cpu": "inductor"}
 UNIT = {"neuron": "logical NeuronCores", "cuda": "GPUs", "cpu": "CPU cores"}
+# Device memory per logical NeuronCore on trn2 (96 GiB per device) by NEURON_LOGICAL_NC_CONFIG.
+NEURON_GIB_PER_CORE = {"1": 12, "2": 24}
+# torchtitan flags whose value the launcher owns (it also acts on it: housekeeping, folders): the variable to set.
+OWNED_FLAGS = {"module": "MODULE", "config": "CONFIG (or VARIANT and SCALE)", "dump_folder": "OUTPUT_DIR",
+               "checkpoint.folder": "CHECKPOINT_DIR", "checkpoint.keep_latest_k": "CHECKPOINT_KEEP",
+               "checkpoint.interval": "CHECKPOINT_INTERVAL", "hf_assets_path": "ASSETS_DIR (and MODEL)"}
 
 
 @dataclass(frozen=True)
 class Plan:
     variant: str
     scale: str
+    model: str | None  # the Hub id at full scale; None: smoke's bundled model, or CONFIG's own
+    parallelism: dict  # {"fits": bool, "why": one line}: how the model is spread over the ranks
     module: str
     config: str
     devices: Devices
@@ -47,11 +55,57 @@ def process_count(settings: Settings, devices: Devices, rdzv: rendezvous.Rendezv
     return nproc
 
 
-def assets_path(settings: Settings) -> str | None:
-    """Where the full-scale assets of the variant live: $ASSETS_DIR/<repo name>, as `hf download --local-dir`."""
-    if settings.scale != "full":  # smoke configs carry their own bundled assets
+def model_for(settings: Settings) -> str | None:
+    """MODEL, else the variant's; its family must be the variant's. None at smoke scale (the bundled tiny model)."""
+    variant = VARIANTS[settings.variant]
+    if settings.scale != "full":
+        if settings.model:
+            raise UsageError(f"MODEL={settings.model!r} is for SCALE=full; SCALE=smoke trains the bundled tiny model")
         return None
-    return os.path.join(settings.assets_dir, VARIANTS[settings.variant].hf_repo.rsplit("/", 1)[-1])
+    model = settings.model or variant.hf_repo
+    family = models.MODELS[model].family
+    if family != variant.family:
+        raise UsageError(f"MODEL={model!r} is a {family} Qwen3 and VARIANT={variant.name} trains {variant.family} "
+                         f"ones (allowed: {', '.join(m for m, s in models.MODELS.items() if s.family == variant.family)})")
+    return model
+
+
+def config_for(settings: Settings, model: str | None) -> str:
+    """CONFIG, else the config VARIANT and SCALE pick (the article's for the variant's own model)."""
+    variant = VARIANTS[settings.variant]
+    if settings.config:
+        if settings.model:
+            raise UsageError(f"MODEL={settings.model!r} and CONFIG={settings.config!r} exclude each other: the "
+                             "config function decides the model")
+        return settings.config
+    if model and model != variant.hf_repo:
+        return variant.any_model_config
+    return variant.configs[settings.scale]
+
+
+def assets_path(settings: Settings, model: str | None) -> str | None:
+    """Where the full-scale assets of the model live: $ASSETS_DIR/<repo name>, as `hf download --local-dir`."""
+    if not model:  # smoke configs carry their own bundled assets
+        return None
+    return os.path.join(settings.assets_dir, models.repo_name(model))
+
+
+def refuse_owned_flags(args, source: str) -> None:
+    """A torchtitan flag the launcher sets from a variable cannot come from EXTRA_ARGS or the command line."""
+    for arg in args:
+        name = arg.lstrip("-").split("=", 1)[0].replace("-", "_") if arg.startswith("--") else None
+        if name in OWNED_FLAGS:
+            raise UsageError(f"{source} sets --{name}, which the launcher owns: use {OWNED_FLAGS[name]} instead")
+
+
+def parallelism(settings: Settings, devices: Devices, model: str | None, nproc: int, nnodes: int) -> dict:
+    """FSDP over every rank, as the article, and whether the model's sharded state fits a logical NeuronCore's
+    memory (an estimate: preflight warns when it does not; GPU and CPU memory are not known here)."""
+    if not model:
+        return {"fits": True, "why": f"FSDP over {nproc * nnodes} ranks (the config's own model)"}
+    memory = NEURON_GIB_PER_CORE[settings.neuron_logical_nc_config] if devices.kind == "neuron" else None
+    fits, line = models.fit(models.MODELS[model], nproc * nnodes, memory)
+    return {"fits": fits, "why": line}
 
 
 def checkpoint_args(settings: Settings) -> list:
@@ -67,16 +121,17 @@ def checkpoint_args(settings: Settings) -> list:
             "--checkpoint.keep_latest_k", str(settings.checkpoint_keep), "--checkpoint.no-last-save-model-only"]
 
 
-def torchtitan_args(settings: Settings, kind: str) -> list:
+def torchtitan_args(settings: Settings, kind: str, assets: str | None, cli_args=()) -> list:
     args = ["--training.steps", str(settings.steps)] if settings.steps else []
     if settings.compile:
         args += ["--compile.enable", "--compile.backend", COMPILE_BACKEND[kind]]
-    assets = assets_path(settings)
     if assets:
         args += ["--hf_assets_path", assets]
         if VARIANTS[settings.variant].hf_config_arg:  # the model's config.json from the same folder, not the Hub
             args += [VARIANTS[settings.variant].hf_config_arg, assets]
-    return args + checkpoint_args(settings) + ["--dump_folder", settings.output_dir, *settings.extra_args]
+    refuse_owned_flags(settings.extra_args, "EXTRA_ARGS")
+    refuse_owned_flags(cli_args, "the command line")
+    return args + checkpoint_args(settings) + ["--dump_folder", settings.output_dir, *settings.extra_args, *cli_args]
 
 
 def cache_dirs(settings: Settings, kind: str) -> dict:
@@ -89,17 +144,19 @@ def cache_dirs(settings: Settings, kind: str) -> dict:
     return {"TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}
 
 
-def env_additions(settings: Settings, devices: Devices, nproc: int, environ) -> dict:
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, (RECIPES, environ.get("PYTHONPATH")))), "PYTHONUNBUFFERED": "1"}
+def env_additions(settings: Settings, devices: Devices, nproc: int, model: str | None, environ) -> dict:
+    # the recipes, and the launcher's stdlib modules they read (entrypoint.models), importable from any directory
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, (RECIPES, REPO, environ.get("PYTHONPATH")))),
+           "PYTHONUNBUFFERED": "1"}
+    if model:
+        env["MODEL"] = model  # resolved: the any-model config functions read it
     defaults = cache_dirs(settings, devices.kind)
     if devices.kind == "neuron":
         env["NEURON_LOGICAL_NC_CONFIG"] = settings.neuron_logical_nc_config
         if "NEURON_RT_VISIBLE_CORES" in environ:
             env["NEURON_RT_VISIBLE_CORES"] = environ["NEURON_RT_VISIBLE_CORES"]
-    else:
-        env["NEURON_QWEN3_DEVICE"] = devices.kind
-        if devices.kind == "cpu":
-            defaults["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    elif devices.kind == "cpu":
+        defaults["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     if settings.scale == "smoke":  # smoke runs never touch the network
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     if settings.max_restarts:
@@ -111,15 +168,28 @@ def env_additions(settings: Settings, devices: Devices, nproc: int, environ) -> 
     return env
 
 
-def build(settings: Settings, devices: Devices, environ) -> Plan:
-    config = VARIANTS[settings.variant].configs[settings.scale]
+def refuse_full_scale_on_cpu(settings: Settings, devices: Devices, environ) -> None:
+    """The default SCALE=full on a host with no accelerator would fetch and train a 4B+ model on CPU."""
+    if devices.kind == "cpu" and settings.scale == "full" and "SCALE" not in environ and not settings.config:
+        raise UsageError("SCALE is unset (full: the full-size model) and no Neuron device or GPU is here: set "
+                         "SCALE=smoke for the tiny model, or SCALE=full to train the full model on CPU knowingly")
+
+
+def build(settings: Settings, devices: Devices, environ, cli_args=()) -> Plan:
+    """The launch, from the settings, the devices and the arguments the launcher does not own (torchtitan's)."""
+    refuse_full_scale_on_cpu(settings, devices, environ)
+    model = None if settings.config else model_for(settings)
+    config = config_for(settings, model)
     rdzv = rendezvous.resolve(settings)
     nproc = process_count(settings, devices, rdzv)
     restarts = [f"--max-restarts={settings.max_restarts}"] if settings.max_restarts else []
+    ranks = [] if settings.log_rank == "all" else ["--local-ranks-filter", settings.log_rank]
+    assets = assets_path(settings, model)
     argv = (sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *rdzv.torchrun_args(),
-            *restarts, "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
-            "-m", WORKER[devices.kind], "--module", RECIPE_MODULE, "--config", config,
-            *torchtitan_args(settings, devices.kind))
+            *restarts, *ranks, "--role", "rank", "--tee", "3",
+            "-m", WORKER[devices.kind], "--module", settings.module, "--config", config,
+            *torchtitan_args(settings, devices.kind, assets, cli_args))
     checkpoint_dir = os.path.abspath(settings.checkpoint_dir) if settings.checkpoint_dir else None
-    return Plan(settings.variant, settings.scale, RECIPE_MODULE, config, devices, nproc, argv,
-                env_additions(settings, devices, nproc, environ), rdzv, assets_path(settings), checkpoint_dir)
+    return Plan(settings.variant, settings.scale, model, parallelism(settings, devices, model, nproc, rdzv.nnodes),
+                settings.module, config, devices, nproc, argv, env_additions(settings, devices, nproc, model, environ),
+                rdzv, assets, checkpoint_dir)

@@ -10,6 +10,7 @@ and the launch goes on. Each check is one function returning findings, so tests 
 | lnc | NEURON_CC_FLAGS `--lnc` differs from NEURON_LOGICAL_NC_CONFIG | |
 | held cores | `neuron-ls -j` shows another process on a device this run uses | |
 | limits | | /dev/shm below 1 GiB; nofile below 65536; memlock limited while EFA devices are present |
+| memory | | the model's sharded weights, gradients and Adam state take over 60 % of a logical NeuronCore's memory |
 | writable | a cache, checkpoint, output or (when fetching) assets directory cannot be written | |
 | assets | full scale, assets missing, HF_HUB_OFFLINE=1 | |
 """
@@ -180,15 +181,24 @@ def limits(root="/", getrlimit=resource.getrlimit, setrlimit=resource.setrlimit)
 
 
 def _writable(path):
-    """None if a file can be created in `path` (made if missing), else the reason."""
+    """None if the run can write in `path`, else what is wrong, as a phrase. Creates nothing: a missing folder is
+    judged by the nearest folder above it that exists (the run makes the rest), so a failed or `--check` preflight
+    leaves no trace."""
+    path = os.path.abspath(path)
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return "is a file, not a folder" if existing == path else f"is below {existing}, which is a file"
+    if existing != path:
+        return None if os.access(existing, os.W_OK | os.X_OK) else f"cannot be made: {existing} is not writable"
     try:
-        os.makedirs(path, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=path, prefix=".preflight-")
         os.close(fd)
         os.unlink(probe)
         return None
     except OSError as error:
-        return error.strerror or type(error).__name__
+        return f"is not writable: {error.strerror or type(error).__name__}"
 
 
 def writable(plan: Plan, settings: Settings, environ, fetching: bool) -> list:
@@ -203,7 +213,7 @@ def writable(plan: Plan, settings: Settings, environ, fetching: bool) -> list:
         why = _writable(path)
         if why:
             mounted = "CACHE_DIR" if name in CACHE_VARS and name not in environ else name
-            findings.append(fail(f"{path} ({name}) is not writable: {why}; mount a writable volume at {mounted}"))
+            findings.append(fail(f"{path} ({name}) {why}; mount a writable volume at {mounted}"))
     return findings
 
 
@@ -218,9 +228,13 @@ def assets(plan: Plan, settings: Settings) -> list:
                  f"fill ASSETS_DIR first (`hf download {repo} --local-dir {plan.assets}`) or unset HF_HUB_OFFLINE")]
 
 
+def memory(plan: Plan) -> list:
+    return [] if plan.parallelism["fits"] else [warn(f"MODEL={plan.model}: {plan.parallelism['why']}")]
+
+
 def run(plan: Plan, settings: Settings, environ) -> list:
     """Every check, in order; the caller prints them and stops on a fatal one (unless PREFLIGHT=warn)."""
     fetching = bool(plan.assets) and not settings.hf_hub_offline and bool(fetch_assets.missing(plan.assets))
-    return [*versions(), *runtime(plan), *lnc(plan, settings), *held_cores(plan),
+    return [*versions(), *runtime(plan), *lnc(plan, settings), *held_cores(plan), *memory(plan),
             *limits(settings.neuron_qwen3_root), *writable(plan, settings, environ, fetching),
             *assets(plan, settings)]

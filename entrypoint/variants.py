@@ -14,8 +14,10 @@ SCALES = ("full", "smoke")
 class Variant:
     name: str
     summary: str
-    hf_repo: str  # Hub repo of the full-scale model assets (tokenizer, config, weights)
+    hf_repo: str  # the default MODEL: Hub repo of the full-scale model assets (tokenizer, config, weights)
     configs: dict  # scale -> config function in neuron_qwen3.config_registry
+    family: str  # which Qwen3 models it trains (entrypoint/models.py): dense or moe
+    any_model_config: str  # full scale, MODEL other than hf_repo: the config function that reads MODEL
     hf_config_arg: str | None = None  # full scale: the flag that must point at the assets folder's config.json
 
 
@@ -27,6 +29,8 @@ VARIANTS = {
             summary="Hugging Face Transformers v5 modeling backend, Qwen/Qwen3-4B-Instruct-2507",
             hf_repo="Qwen/Qwen3-4B-Instruct-2507",
             configs={"full": "v5_qwen3_4b", "smoke": "v5_qwen3_smoke"},
+            family="dense",
+            any_model_config="v5_qwen3",
             hf_config_arg="--hf_model",  # else AutoConfig asks the Hub for the repo id, offline too
         ),
         Variant(
@@ -34,12 +38,16 @@ VARIANTS = {
             summary="torchtitan's native Qwen3 model spec, Qwen3-4B",
             hf_repo="Qwen/Qwen3-4B",
             configs={"full": "native_qwen3_4b", "smoke": "native_qwen3_smoke"},
+            family="dense",
+            any_model_config="native_qwen3",
         ),
         Variant(
             name="nki_moe",
             summary="Qwen3-30B-A3B MoE, experts swapped for NKI kernels via torchtitan's override registry",
             hf_repo="Qwen/Qwen3-30B-A3B",
             configs={"full": "nki_moe_qwen3_30b_a3b", "smoke": "nki_moe_qwen3_smoke"},
+            family="moe",
+            any_model_config="nki_moe_qwen3",
         ),
     )
 }

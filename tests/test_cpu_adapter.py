@@ -13,6 +13,7 @@ from conftest import RECIPES, run_scenario
 
 
 
+@pytest.mark.training
 def test_device_is_cpu_only_with_adapter():
     upstream = run_scenario("device_selection", "upstream")
     assert upstream.returncode != 0 and "NVIDIA driver" in upstream.stderr + upstream.stdout
@@ -23,6 +24,7 @@ def test_device_is_cpu_only_with_adapter():
     assert 0.05 < peak < 8, "peak memory should be this process's resident set"
 
 
+@pytest.mark.training
 def test_native_attention_backward_on_cpu():
     upstream = run_scenario("flex_attention_backward", "upstream")
     assert upstream.returncode != 0 and "does not support backward on CPU" in upstream.stderr
@@ -33,6 +35,7 @@ def test_native_attention_backward_on_cpu():
     assert "compiled_frames=0" in patched.stdout, "the block mask should be built eagerly, without Inductor"
 
 
+@pytest.mark.training
 def test_transformers_backend_attention_on_cpu():
     upstream = run_scenario("hf_flex_attention", "upstream")
     assert upstream.returncode != 0
@@ -41,6 +44,7 @@ def test_transformers_backend_attention_on_cpu():
     assert float(re.search(r"max_abs_err=(\S+)", patched.stdout).group(1)) < 1e-5
 
 
+@pytest.mark.training
 def test_fsdp_gradient_reduction_over_gloo():
     upstream = run_scenario("fsdp_gloo", "upstream", nproc=2)
     assert upstream.returncode != 0 and "PREMUL_SUM" in upstream.stdout + upstream.stderr

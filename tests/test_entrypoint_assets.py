@@ -73,7 +73,9 @@ def test_a_failed_fetch_is_one_redacted_line_and_status_1(hub, tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("entrypoint: could not")]
     assert errors == ["entrypoint: could not fetch Qwen/Qwen3-4B into "
                       f"{tmp_path}/Qwen3-4B: OSError: 401 Client Error for url https://huggingface.co/Qwen/Qwen3-4B "
-                      "(Authorization: Bearer ***)"]
+                      "(Authorization: Bearer ***); to go on, fill it where the Hub is reachable (`hf download "
+                      f"Qwen/Qwen3-4B --include '*.json' 'tokenizer*' --local-dir {tmp_path}/Qwen3-4B`) or mount a "
+                      "folder that has them at ASSETS_DIR"]
 
 
 def test_a_fetch_that_leaves_a_file_out_fails(hub, tmp_path):

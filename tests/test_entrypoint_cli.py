@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint import cli, contract, launch
+from entrypoint.models import MODELS
 from entrypoint.variants import VARIANTS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,7 +59,7 @@ def test_error_lines_redact_the_token(tmp_path):
 @pytest.mark.parametrize("devices, env, words", [
     (4, {"NPROC": "17"}, ["NPROC=17", "16 logical NeuronCores", "1-16"]),
     (4, {"NEURON_RT_VISIBLE_CORES": "0-16"}, ["NEURON_RT_VISIBLE_CORES", "core 16", "0-15"]),
-    (0, {"NPROC": str(os.cpu_count() + 1)}, [f"NPROC={os.cpu_count() + 1}", "CPU cores"])])
+    (0, {"NPROC": str(os.cpu_count() + 1), "SCALE": "smoke"}, [f"NPROC={os.cpu_count() + 1}", "CPU cores"])])
 def test_impossible_requests_are_one_line_and_status_2(tmp_path, devices, env, words):
     result = entrypoint("--dry-run", root=neuron_tree(tmp_path, devices), **env)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
@@ -112,12 +113,14 @@ def test_every_launcher_module_is_stdlib_only():
 
 def test_list_and_help(tmp_path):
     listed = entrypoint("--list", root=tmp_path).stdout.splitlines()
-    assert len(listed) == len(VARIANTS)
     for line, variant in zip(listed, VARIANTS.values()):
         assert line.startswith(variant.name) and variant.summary in line
-        assert all(config in line for config in variant.configs.values())
+        assert all(config in line for config in (*variant.configs.values(), variant.any_model_config))
+    assert [line.split()[0] for line in listed[len(VARIANTS) + 2:]] == list(MODELS)
     helped = entrypoint("--help", root=tmp_path)
-    assert helped.returncode == 0 and all(name in helped.stdout for name in VAR)
+    assert helped.returncode == 0
+    for var in contract.VARS:  # the name, its default and what it accepts, as the README's table
+        assert f"  {var.name}  (default: {var.default or '-'}; accepts: {var.allowed})" in helped.stdout
 
 
 def test_launch_line_redacts_the_token_and_returns_the_child_status(tmp_path, monkeypatch, capsys):

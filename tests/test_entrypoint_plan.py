@@ -21,7 +21,8 @@ ARTICLE = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--local-
 
 
 def build(kind, environ=None, **env):
-    environ = {**(environ or {}), **env}
+    """The plan; on CPU with SCALE=full said explicitly, as the full scale is refused there by default."""
+    environ = {**({"SCALE": "full"} if kind == "cpu" else {}), **(environ or {}), **env}
     return plan.build(contract.parse(environ), DEVICES[kind], environ)
 
 
@@ -65,22 +66,22 @@ def test_steps_paths_and_extra_args_last():
 
 
 def test_environment_on_each_platform():
-    recipes = str(Path(plan.__file__).resolve().parent.parent / "recipes")
+    repo = Path(plan.__file__).resolve().parent.parent
+    path = os.pathsep.join((str(repo / "recipes"), str(repo)))  # the recipes, and the entrypoint modules they read
     cache = os.path.abspath("./cache/native")  # one folder per variant
     neuron = build("neuron", NEURON_RT_VISIBLE_CORES="0-63").env
-    assert neuron == {"PYTHONPATH": recipes, "PYTHONUNBUFFERED": "1", "NEURON_LOGICAL_NC_CONFIG": "2",
+    assert neuron == {"PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "MODEL": "Qwen/Qwen3-4B", "NEURON_LOGICAL_NC_CONFIG": "2",
                       "NEURON_RT_VISIBLE_CORES": "0-63", "TORCH_NEURONX_NEFF_CACHE_DIR": f"{cache}/neff",
                       "TORCH_NEURONX_HLO_CACHE_DIR": f"{cache}/hlo", "NKI_COMPILE_CACHE_URL": f"{cache}/nki"}
-    assert build("cuda", CACHE_DIR="/c", VARIANT="v5").env == {"PYTHONPATH": recipes, "PYTHONUNBUFFERED": "1",
-                                                               "NEURON_QWEN3_DEVICE": "cuda",
-                                                               "TORCHINDUCTOR_CACHE_DIR": "/c/v5/inductor"}
-    cpu = build("cpu", NPROC="1").env
-    assert (cpu["NEURON_QWEN3_DEVICE"], cpu["OMP_NUM_THREADS"]) == ("cpu", str(os.cpu_count()))
+    assert build("cuda", CACHE_DIR="/c", VARIANT="v5", SCALE="smoke").env == {
+        "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+        "TORCHINDUCTOR_CACHE_DIR": "/c/v5/inductor"}
+    assert build("cpu", NPROC="1").env["OMP_NUM_THREADS"] == str(os.cpu_count())
 
 
 def test_variables_already_set_are_kept():
     env = build("neuron", PYTHONPATH="/mine", TORCH_NEURONX_NEFF_CACHE_DIR="/n", NKI_COMPILE_CACHE_URL="/k").env
-    assert env["PYTHONPATH"].split(os.pathsep)[1:] == ["/mine"]
+    assert env["PYTHONPATH"].split(os.pathsep)[2:] == ["/mine"]
     assert "TORCH_NEURONX_NEFF_CACHE_DIR" not in env and "NKI_COMPILE_CACHE_URL" not in env
     assert "OMP_NUM_THREADS" not in build("cpu", OMP_NUM_THREADS="3").env
     assert "TORCHINDUCTOR_CACHE_DIR" not in build("cpu", TORCHINDUCTOR_CACHE_DIR="/i").env

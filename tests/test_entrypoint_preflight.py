@@ -21,6 +21,8 @@ CPU = Devices("cpu", 2)
 
 
 def build(devices=CPU, **env):
+    """(plan, settings); SCALE=full said explicitly, as the full scale is refused on CPU by default."""
+    env = {"SCALE": "full", **env}
     return plan.build(contract.parse(env), devices, env), contract.parse(env)
 
 
@@ -191,10 +193,18 @@ def test_cache_checkpoint_and_output_dirs_must_be_writable(tmp_path):
                             OUTPUT_DIR=str(tmp_path / "out"), VARIANT="v5")
     found = preflight.writable(built, settings, {}, fetching=False)
     assert len(found) == 1 and found[0].fatal
-    assert f"{blocker}/cache/v5/inductor (TORCHINDUCTOR_CACHE_DIR) is not writable" in found[0].text
+    assert f"{blocker}/cache/v5/inductor (TORCHINDUCTOR_CACHE_DIR) is below {blocker}, which is a file" \
+        in found[0].text
     assert "mount a writable volume at CACHE_DIR" in found[0].text
-    assert (tmp_path / "ckpt").is_dir() and (tmp_path / "out").is_dir()  # made, probed, left empty
-    assert list((tmp_path / "ckpt").iterdir()) == []
+    assert sorted(tmp_path.iterdir()) == [blocker]  # judged by the folder above: nothing made
+
+
+def test_a_checkpoint_dir_that_is_a_file_says_so(tmp_path):
+    (tmp_path / "ckpt").write_text("")
+    built, settings = build(CHECKPOINT_DIR=str(tmp_path / "ckpt"), OUTPUT_DIR=str(tmp_path / "out"))
+    found = preflight.writable(built, settings, {}, fetching=False)
+    assert [f.text for f in found] == [f"{tmp_path}/ckpt (CHECKPOINT_DIR) is a file, not a folder; mount a writable "
+                                       "volume at CHECKPOINT_DIR"]
 
 
 def test_neuron_cache_variables_are_checked_where_the_workers_will_use_them(tmp_path):
@@ -205,7 +215,7 @@ def test_neuron_cache_variables_are_checked_where_the_workers_will_use_them(tmp_
     built, settings = build(NEURON, **env)
     found = preflight.writable(built, settings, env, fetching=False)
     assert [f.text.split(" (")[1].split(")")[0] for f in found] == ["TORCH_NEURONX_NEFF_CACHE_DIR"]
-    assert (tmp_path / "cache" / "native" / "hlo").is_dir()
+    assert not (tmp_path / "cache").exists()  # judged writable by tmp_path, not made
 
 
 def test_full_scale_assets_missing_while_offline(tmp_path):
@@ -234,7 +244,7 @@ def test_unwritable_cache_is_one_line_and_status_2(tmp_path):
     result = entrypoint(NEURON_QWEN3_ROOT=str(tmp_path), SCALE="smoke", CACHE_DIR=str(tmp_path / "a-file"),
                         OUTPUT_DIR=str(tmp_path / "o"))
     assert (result.returncode, result.stdout, result.stderr.count("\n")) == (2, "", 1), result.stderr
-    assert "(TORCHINDUCTOR_CACHE_DIR) is not writable" in result.stderr
+    assert "(TORCHINDUCTOR_CACHE_DIR) is below" in result.stderr and "which is a file" in result.stderr
 
 
 def test_warn_mode_prints_the_failure_and_launches(tmp_path, monkeypatch, capsys):
@@ -245,5 +255,5 @@ def test_warn_mode_prints_the_failure_and_launches(tmp_path, monkeypatch, capsys
     monkeypatch.setattr(launch, "run", lambda argv, env, grace: launched.append(argv) or 0)
     assert cli.main([]) == 0
     out, err = capsys.readouterr()
-    assert "entrypoint: warning: " in err and "(TORCHINDUCTOR_CACHE_DIR) is not writable" in err
+    assert "entrypoint: warning: " in err and "(TORCHINDUCTOR_CACHE_DIR) is below" in err
     assert len(launched) == 1 and "torch.distributed.run" in out

@@ -88,6 +88,7 @@ def image(client, base):
     return result
 
 
+@pytest.mark.image
 @pytest.mark.parametrize("case", smoke.CASES, ids=lambda case: case.name)
 def test_container(client, image, case):
     smoke.check_case(client, image.tags[0], case)

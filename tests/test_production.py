@@ -251,6 +251,7 @@ def cleanup(process):
     process.wait()
 
 
+@pytest.mark.training
 def test_two_nodes_on_one_machine_train_together(tmp_path, cache):
     port = str(free_port())
     runs = []
@@ -274,6 +275,7 @@ def test_two_nodes_on_one_machine_train_together(tmp_path, cache):
     assert node0[-1][1] < node0[0][1]
 
 
+@pytest.mark.training
 def test_sigterm_stops_within_the_bound_and_a_restart_resumes(tmp_path, cache):
     """SIGTERM mid-run; then, with a damaged newer checkpoint planted, a restart resumes from the last good step."""
     ckpt = tmp_path / "ckpt"
@@ -318,6 +320,7 @@ def test_sigterm_stops_within_the_bound_and_a_restart_resumes(tmp_path, cache):
     assert (ckpt / "step-14" / ".metadata").exists()
 
 
+@pytest.mark.training
 def test_kill_9_of_a_worker_resumes_in_place_with_restarts_allowed(tmp_path, cache):
     ckpt = tmp_path / "ckpt"
     env = launcher_env(tmp_path, cache, NPROC="2", STEPS="10", CHECKPOINT_DIR=str(ckpt), CHECKPOINT_INTERVAL="3",

@@ -32,6 +32,7 @@ from torchtitan.models.qwen3.config_registry import qwen3_1_7b, qwen3_30b_a3b
 from torchtitan.models.qwen3.model import Qwen3Model
 from torchtitan.trainer import Trainer
 
+from entrypoint.models import MODELS, repo_name
 from neuron_qwen3 import hf_rope_fix
 
 hf_rope_fix.apply()  # the v5 variant trains with NaN loss without it; see hf_rope_fix.py
@@ -62,31 +63,77 @@ def _article_training(config: Trainer.Config) -> Trainer.Config:
 # ---- the three ways, at full scale -------------------------------------------------------------
 
 
+def _shape(model: str, family: str):
+    """The Qwen3 `model` names (entrypoint/models.py), checked to be of the variant's family."""
+    assert model in MODELS, f"MODEL={model!r} is not a Qwen3 this image knows (see `python -m entrypoint --list`)"
+    shape = MODELS[model]
+    assert shape.family == family, f"MODEL={model} is a {shape.family} Qwen3; this config trains {family} ones"
+    return shape
+
+
+def _v5(model: str) -> TransformersBackendConfig:
+    config = transformers_modeling_backend_full()
+    _shape(model, "dense")
+    # Field names are the article's; they are unchanged in torchtitan 0.3.0.
+    config.hf_model = model
+    config.hf_assets_path = _hf_assets(repo_name(model))
+    return _article_training(config)
+
+
+def _native(model: str) -> Trainer.Config:
+    config = qwen3_1_7b()  # torchtitan's trainer settings for dense Qwen3; the flavor replaces its model
+    config.model_spec = model_registry(_shape(model, "dense").flavor)
+    config.loss = ChunkedLossWrapper.Config(
+        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))
+    )
+    config.hf_assets_path = _hf_assets(repo_name(model))
+    return _article_training(config)
+
+
+def _nki_moe(model: str) -> Trainer.Config:
+    config = qwen3_30b_a3b()  # torchtitan's trainer settings for MoE Qwen3; the flavor replaces its model
+    config.model_spec = model_registry(_shape(model, "moe").flavor)
+    config.loss = ChunkedLossWrapper.Config(
+        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))
+    )
+    config.hf_assets_path = _hf_assets(repo_name(model))
+    config.override.imports = [NKI_EXPERTS_OVERRIDE]
+    return _article_training(config)
+
+
 def v5_qwen3_4b() -> TransformersBackendConfig:
     """1. Transformers v5 backend: the Hub definition supplies the architecture."""
-    config = transformers_modeling_backend_full()
-    # Field names are the article's; they are unchanged in torchtitan 0.3.0.
-    config.hf_model = "Qwen/Qwen3-4B-Instruct-2507"
-    config.hf_assets_path = _hf_assets("Qwen3-4B-Instruct-2507")
-    return _article_training(config)
+    return _v5("Qwen/Qwen3-4B-Instruct-2507")
 
 
 def native_qwen3_4b() -> Trainer.Config:
     """2. torchtitan's native Qwen3 spec, flavor 4B (0.3.0 ships no qwen3_4b config: derived from 1.7B)."""
-    config = qwen3_1_7b()
-    config.model_spec = model_registry("4B")
-    config.loss = ChunkedLossWrapper.Config(
-        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))
-    )
-    config.hf_assets_path = _hf_assets("Qwen3-4B")
-    return _article_training(config)
+    return _native("Qwen/Qwen3-4B")
 
 
 def nki_moe_qwen3_30b_a3b() -> Trainer.Config:
     """3. Native Qwen3-30B-A3B MoE with the experts swapped through torchtitan's override registry."""
-    config = qwen3_30b_a3b()
-    config.override.imports = [NKI_EXPERTS_OVERRIDE]
-    return _article_training(config)
+    return _nki_moe("Qwen/Qwen3-30B-A3B")
+
+
+# ---- any Qwen3: MODEL (set by the launcher, resolved) picks the size and form ---------------------
+
+
+def _model_from_env() -> str:
+    assert os.environ.get("MODEL"), "MODEL is unset: the launcher sets it for these configs (or export it by hand)"
+    return os.environ["MODEL"]
+
+
+def v5_qwen3() -> TransformersBackendConfig:
+    return _v5(_model_from_env())
+
+
+def native_qwen3() -> Trainer.Config:
+    return _native(_model_from_env())
+
+
+def nki_moe_qwen3() -> Trainer.Config:
+    return _nki_moe(_model_from_env())
 
 
 # ---- smoke twins -------------------------------------------------------------------------------
