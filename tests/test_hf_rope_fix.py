@@ -14,7 +14,7 @@ from conftest import RECIPES
 
 from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
 
-from neuron_qwen3 import config_registry, hf_rope_fix  (importing applies the fix)
+from neuron_qwen3 import config_registry, hf_rope_fix  # importing applies the fix
 
 
 def _materialised_v5_smoke_model():
