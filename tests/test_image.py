@@ -94,10 +94,12 @@ def test_container(client, image, case):
     smoke.check_case(client, image.tags[0], case)
 
 
+@pytest.mark.image
 def test_image_contents(client, image, base):
     smoke.inspect_image(client, image.tags[0], base)
 
 
+@pytest.mark.image
 def test_code_change_rebuilds_fast_without_reinstalling(client, image, base, tmp_path):
     """A changed file in recipes/ re-runs only the steps after `COPY recipes/`; the packages stay cached."""
     context = build_image.copy_context(tmp_path / "context")
