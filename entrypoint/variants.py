@@ -17,6 +17,7 @@ class Variant:
     hf_repo: str  # Hub repo of the full-scale model assets (tokenizer, config, weights)
     configs: dict  # scale -> config function in neuron_qwen3.config_registry
     hf_config_arg: str | None = None  # full scale: the flag that must point at the assets folder's config.json
+    model_type: str = "qwen3"  # config.json `model_type` of the Hugging Face weights it trains (INIT_FROM)
 
 
 VARIANTS = {
@@ -40,6 +41,7 @@ VARIANTS = {
             summary="Qwen3-30B-A3B MoE, experts swapped for NKI kernels via torchtitan's override registry",
             hf_repo="Qwen/Qwen3-30B-A3B",
             configs={"full": "nki_moe_qwen3_30b_a3b", "smoke": "nki_moe_qwen3_smoke"},
+            model_type="qwen3_moe",
         ),
     )
 }
