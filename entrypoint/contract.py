@@ -159,10 +159,11 @@ class Var:
     allowed: str  # completes "NAME='x' is not ..." in errors
     meaning: str
     parse: Callable[[str], object] = str  # raises ValueError on a value outside `allowed`
-    group: str = "run"  # the docs' table it belongs to: run, paths, rendezvous, kubeflow, slurm, faults, preflight
+    group: str = "run"  # run, paths (the README's table: README_GROUPS); rendezvous, kubeflow, slurm, faults, preflight
     secret: bool = False  # never shown: not in Settings' repr (the launcher redacts it from every line too)
 
 
+README_GROUPS = ("run", "paths")  # the README's environment table; the other groups are in docs/production.md
 VARS = (
     Var("VARIANT", DEFAULT_VARIANT, "one of: " + ", ".join(VARIANTS), "which Qwen3 setup to train (`--list`)",
         choice(tuple(VARIANTS))),
@@ -191,6 +192,19 @@ VARS = (
         positive_int),
     Var("EXTRA_ARGS", "", "shell words", "extra torchtitan arguments, appended last",
         lambda raw: tuple(shlex.split(raw))),
+    Var("INIT_FROM", None, "`hub` or a path to a Hugging Face model folder",
+        "unset: random init; `hub`: the variant's Hub weights into ASSETS_DIR (full scale); a path: a local "
+        "Hugging Face model folder (`config.json` + `*.safetensors`), loaded through torchtitan's state-dict adapter"),
+    Var("EXPORT_DIR", None, "a path",
+        "set: after training (also when the data runs out), a Hugging Face model folder there: config.json, "
+        "safetensors, tokenizer; written once by rank 0, atomically"),
+    Var("EXPORT_DTYPE", "bfloat16", "one of: bfloat16, float32", "dtype of the exported weights",
+        choice(("bfloat16", "float32"))),
+    Var("DATASET", None, "`c4`, a Hub dataset id, or a local .jsonl, .json, .parquet or .txt file or folder",
+        "training data; default c4 at full scale, the bundled corpus at smoke; local files are read offline"),
+    Var("DATASET_FIELD", "text", "a field name (letters, digits, `.`, `_`, `-`)",
+        "the record field that holds the text; a chat `messages` list (role/content) there makes the run SFT: "
+        "only assistant tokens count in the loss", word),
     Var("ASSETS_DIR", "./assets/hf", "a path",
         "full scale: `--hf_assets_path $ASSETS_DIR/<repo name>` (e.g. `Qwen3-4B`); fetched from the Hub when "
         "missing", group="paths"),

@@ -59,6 +59,8 @@ FORMS = {
     "30B-A3B": ("", "-Base", "-Instruct-2507", "-Thinking-2507"), "235B-A22B": ("", "-Instruct-2507", "-Thinking-2507"),
 }
 MODELS = {f"Qwen/Qwen3-{flavor}{form}": SHAPES[flavor] for flavor, forms in FORMS.items() for form in forms}
+# config.json's `model_type` of each family, as transformers writes it.
+HF_MODEL_TYPE = {"dense": "qwen3", "moe": "qwen3_moe"}
 
 # Adam in fp32 with fp32 master weights and gradients: what FSDP shards over the ranks, per parameter.
 STATE_BYTES_PER_PARAM = 16

@@ -121,6 +121,34 @@ def checkpoint_args(settings: Settings) -> list:
             "--checkpoint.keep_latest_k", str(settings.checkpoint_keep), "--checkpoint.no-last-save-model-only"]
 
 
+def init_source(settings: Settings, assets: str | None) -> str | None:
+    """The Hugging Face folder INIT_FROM names, absolute (torchtitan resolves initial_load_path from the workers'
+    working directory); `hub` is the variant's assets folder, which the launcher fills with the weights."""
+    if not settings.init_from:
+        return None
+    if settings.init_from == "hub":
+        if settings.scale != "full":
+            raise UsageError("INIT_FROM='hub' is not allowed at SCALE=smoke (offline, tiny model): give a local "
+                             "Hugging Face model folder")
+        return os.path.abspath(assets)
+    return os.path.abspath(settings.init_from)
+
+
+def weights_args(settings: Settings, assets: str | None) -> list:
+    """INIT_FROM through torchtitan's initial load (HF safetensors, model only; a complete checkpoint in
+    CHECKPOINT_DIR wins); EXPORT_DTYPE as torchtitan's export dtype (the export itself: neuron_qwen3/weights.py)."""
+    args = []
+    source = init_source(settings, assets)
+    if source:
+        args += ["--checkpoint.enable", "--checkpoint.initial_load_path", source, "--checkpoint.initial_load_in_hf",
+                 "--checkpoint.initial_load_model_only"]
+        if not settings.checkpoint_dir:  # load the weights, write no checkpoints
+            args += ["--checkpoint.load_only"]
+    if settings.export_dir:
+        args += ["--checkpoint.export_dtype", settings.export_dtype]
+    return args
+
+
 def torchtitan_args(settings: Settings, kind: str, assets: str | None, cli_args=()) -> list:
     args = ["--training.steps", str(settings.steps)] if settings.steps else []
     if settings.compile:
@@ -131,7 +159,8 @@ def torchtitan_args(settings: Settings, kind: str, assets: str | None, cli_args=
             args += [VARIANTS[settings.variant].hf_config_arg, assets]
     refuse_owned_flags(settings.extra_args, "EXTRA_ARGS")
     refuse_owned_flags(cli_args, "the command line")
-    return args + checkpoint_args(settings) + ["--dump_folder", settings.output_dir, *settings.extra_args, *cli_args]
+    return args + checkpoint_args(settings) + weights_args(settings, assets) + [
+        "--dump_folder", settings.output_dir, *settings.extra_args, *cli_args]
 
 
 def cache_dirs(settings: Settings, kind: str) -> dict:
@@ -157,6 +186,10 @@ def env_additions(settings: Settings, devices: Devices, nproc: int, model: str |
             env["NEURON_RT_VISIBLE_CORES"] = environ["NEURON_RT_VISIBLE_CORES"]
     elif devices.kind == "cpu":
         defaults["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    if settings.export_dir:  # read by the workers' export (neuron_qwen3/weights.py)
+        env["EXPORT_DIR"] = os.path.abspath(settings.export_dir)
+    if settings.dataset and os.path.exists(settings.dataset):  # workers may start elsewhere: local data absolute
+        env["DATASET"] = os.path.abspath(settings.dataset)
     if settings.scale == "smoke":  # smoke runs never touch the network
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     if settings.max_restarts:

@@ -13,6 +13,9 @@ and the launch goes on. Each check is one function returning findings, so tests 
 | memory | | the model's sharded weights, gradients and Adam state take over 60 % of a logical NeuronCore's memory |
 | writable | a cache, checkpoint, output or (when fetching) assets directory cannot be written | |
 | assets | full scale, assets missing, HF_HUB_OFFLINE=1 | |
+| init_from | INIT_FROM no model folder, weights missing, another architecture or shape than the variant trains | a complete checkpoint in CHECKPOINT_DIR wins over INIT_FROM |
+| export_dir | EXPORT_DIR inside CHECKPOINT_DIR; less free space than the export needs | |
+| dataset | DATASET missing, empty, without DATASET_FIELD in its first record; a Hub id while offline | |
 """
 
 import importlib.metadata
@@ -20,13 +23,14 @@ import importlib.util
 import os
 import re
 import resource
+import shutil
 import tempfile
 from dataclasses import dataclass
 
-from entrypoint import fetch_assets
+from entrypoint import checkpoints, fetch_assets, hf_folder, models
 from entrypoint.contract import Settings
 from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
-from entrypoint.plan import REPO, Plan
+from entrypoint.plan import RECIPES, REPO, Plan, init_source
 from entrypoint.variants import VARIANTS
 
 CHECKED = ("torch", "torch-neuronx", "transformers", "torchtitan")
@@ -232,9 +236,109 @@ def memory(plan: Plan) -> list:
     return [] if plan.parallelism["fits"] else [warn(f"MODEL={plan.model}: {plan.parallelism['why']}")]
 
 
+# the smoke shape of the dense variants as transformers writes it (bundled for the v5 smoke config)
+SMOKE_DENSE_CONFIG = os.path.join(RECIPES, "neuron_qwen3", "assets", "hf_qwen3_tiny")
+EXPORT_BYTES = {"bfloat16": 2, "float32": 4}
+
+
+def trained_config(plan: Plan, settings: Settings) -> dict:
+    """config.json of the shape the run trains, where the launcher can know it without torch: the variant's
+    assets at full scale, the bundled tiny config for the dense smoke twins; else {} (the workers check)."""
+    folder = plan.assets if settings.scale == "full" else (
+        SMOKE_DENSE_CONFIG if VARIANTS[settings.variant].family == "dense" else None)
+    try:
+        return hf_folder.read_config(folder) if folder else {}
+    except ValueError:
+        return {}
+
+
+def init_from(plan: Plan, settings: Settings) -> list:
+    source = init_source(settings, plan.assets)
+    if not source:
+        return []
+    if plan.checkpoint_dir and checkpoints.scan(plan.checkpoint_dir).latest is not None:
+        return [warn(f"INIT_FROM is ignored: CHECKPOINT_DIR {plan.checkpoint_dir} holds a complete checkpoint, "
+                     "and the run resumes from it")]
+    if settings.init_from == "hub":
+        return []  # fetched into the assets folder before the launch
+    try:
+        config = hf_folder.read_config(source)
+        hf_folder.safetensors_files(source)
+    except ValueError as error:
+        return [fail(f"INIT_FROM={settings.init_from!r}: {error}")]
+    wanted = models.HF_MODEL_TYPE[VARIANTS[settings.variant].family]
+    if config.get("model_type") != wanted:
+        return [fail(f"INIT_FROM={settings.init_from!r} holds a {config.get('model_type')!r} model but "
+                     f"VARIANT={settings.variant} trains {wanted!r}")]
+    differs = hf_folder.first_difference(config, trained_config(plan, settings))
+    if differs:
+        name, have, trained = differs
+        return [fail(f"INIT_FROM={settings.init_from!r} has {name}={have!r} but the run trains {name}={trained!r}")]
+    return []
+
+
+def _existing_parent(path):
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def export_dir(plan: Plan, settings: Settings) -> list:
+    if not settings.export_dir:
+        return []
+    target = os.path.abspath(settings.export_dir)
+    if plan.checkpoint_dir and os.path.commonpath([target, plan.checkpoint_dir]) == plan.checkpoint_dir:
+        return [fail(f"EXPORT_DIR={settings.export_dir!r} is inside CHECKPOINT_DIR, where a model folder would be "
+                     "taken for a checkpoint: choose another folder")]
+    source = init_source(settings, plan.assets)
+    if not source or not os.path.isdir(source):
+        return []
+    try:
+        needed = hf_folder.parameter_count(source) * EXPORT_BYTES[settings.export_dtype]
+    except (ValueError, OSError):
+        return []
+    free = shutil.disk_usage(_existing_parent(target)).free
+    if free < needed:
+        return [fail(f"EXPORT_DIR={settings.export_dir!r} has {free >> 20} MiB free but the export needs about "
+                     f"{needed >> 20} MiB")]
+    return []
+
+
+def dataset(settings: Settings) -> list:
+    name, field = settings.dataset, settings.dataset_field
+    if not name:
+        return []
+    offline = settings.hf_hub_offline or settings.scale == "smoke"
+    local = os.path.exists(name) or name.endswith(hf_folder.DATA_SUFFIXES) or name.startswith(("/", ".", "~"))
+    if not local:
+        return [fail(f"DATASET={name!r} is a Hub dataset but the run is offline (HF_HUB_OFFLINE=1 or SCALE=smoke): "
+                     "give a local .jsonl, .json, .parquet or .txt file")] if offline else []
+    if not os.path.exists(name):
+        return [fail(f"DATASET={name!r} does not exist")]
+    try:
+        path = hf_folder.data_file(name)
+        record = hf_folder.first_record(path)
+        if record is None:
+            if not hf_folder.parquet_columns_named(path, field):
+                return [fail(f"DATASET={name!r}: {path} has no column DATASET_FIELD={field!r}")]
+            return []
+    except (ValueError, OSError) as error:  # json errors are ValueErrors
+        return [fail(f"DATASET={name!r}: {str(error).splitlines()[0]}")]
+    if field not in record:
+        return [fail(f"DATASET={name!r}: its first record has no field DATASET_FIELD={field!r} "
+                     f"(it has: {', '.join(sorted(record)) or 'none'})")]
+    value = record[field]
+    if isinstance(value, list) and [m.get("role") for m in value if isinstance(m, dict)] != ["user", "assistant"]:
+        return [fail(f"DATASET={name!r}: chat records must hold one user and one assistant message (torchtitan "
+                     "0.3.0's ChatDataset), the first holds roles "
+                     f"{[m.get('role') if isinstance(m, dict) else m for m in value]}")]
+    return []
+
+
 def run(plan: Plan, settings: Settings, environ) -> list:
     """Every check, in order; the caller prints them and stops on a fatal one (unless PREFLIGHT=warn)."""
     fetching = bool(plan.assets) and not settings.hf_hub_offline and bool(fetch_assets.missing(plan.assets))
     return [*versions(), *runtime(plan), *lnc(plan, settings), *held_cores(plan), *memory(plan),
             *limits(settings.neuron_qwen3_root), *writable(plan, settings, environ, fetching),
-            *assets(plan, settings)]
+            *assets(plan, settings), *init_from(plan, settings), *export_dir(plan, settings), *dataset(settings)]

@@ -348,7 +348,7 @@ def test_kill_9_of_a_worker_resumes_in_place_with_restarts_allowed(tmp_path, cac
 # ---- the docs -----------------------------------------------------------------------------------
 
 
-def test_production_docs_cover_every_variable():
+def test_production_docs_cover_every_variable_the_readme_does_not():
     doc = (REPO / "docs" / "production.md").read_text()
-    missing = [name for name in VARS if f"`{name}`" not in doc]
+    missing = [name for name, var in VARS.items() if var.group not in contract.README_GROUPS and f"| `{name}` |" not in doc]
     assert missing == [], "docs/production.md lacks " + ", ".join(missing)

@@ -6,7 +6,7 @@ import shlex
 
 from conftest import REPO
 
-from entrypoint.contract import VARS, parse
+from entrypoint.contract import README_GROUPS, VARS, parse
 from entrypoint.variants import DEFAULT_VARIANT, VARIANTS
 
 README = (REPO / "README.md").read_text()
@@ -23,7 +23,7 @@ def test_every_variant_row_names_its_configs():
 
 def test_env_table_matches_the_contract():
     for var in VARS:
-        if var.group not in ("run", "paths"):
+        if var.group not in README_GROUPS:
             continue  # the others are in docs/production.md (tests/test_production.py checks that table)
         default = f"`{var.default}`" if var.default else "-"
         assert f"| `{var.name}` | {default} | {var.allowed} |" in README, f"README's row for {var.name} is stale"

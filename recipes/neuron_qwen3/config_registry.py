@@ -33,7 +33,7 @@ from torchtitan.models.qwen3.model import Qwen3Model
 from torchtitan.trainer import Trainer
 
 from entrypoint.models import MODELS, repo_name
-from neuron_qwen3 import hf_rope_fix
+from neuron_qwen3 import data, hf_rope_fix
 
 hf_rope_fix.apply()  # the v5 variant trains with NaN loss without it; see hf_rope_fix.py
 
@@ -53,7 +53,7 @@ def _article_training(config: Trainer.Config) -> Trainer.Config:
     """What the article sets on every way: c4, 10 steps, local batch 1, FSDP over every rank."""
     # The article trains on "c4_test", a fixture of torchtitan's git repository that the 0.3.0
     # wheel does not ship; the full configs use the "c4" loader (allenai/c4, streamed) instead.
-    config.dataloader = HuggingFaceTextDataLoader.Config(dataset="c4")
+    config.dataloader = data.from_env(HuggingFaceTextDataLoader.Config(dataset="c4"))
     config.training.steps = 10
     config.training.local_batch_size = 1
     config.parallelism.data_parallel_shard_degree = -1
@@ -145,7 +145,8 @@ SMOKE_MOE = dict(num_experts=8, top_k=2, moe_hidden_dim=64)
 def _smoke_training(config: Trainer.Config) -> Trainer.Config:
     """Bundled tokenizer and corpus, short sequences, ten steps, a fixed seed."""
     config.hf_assets_path = str(SMOKE_TOKENIZER)
-    config.dataloader = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=str(SMOKE_CORPUS))
+    config.dataloader = data.from_env(
+        HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=str(SMOKE_CORPUS)))
     config.training.steps = 10
     config.training.local_batch_size = 2
     config.training.seq_len = 256

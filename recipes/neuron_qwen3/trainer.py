@@ -17,9 +17,20 @@ from torchtitan.observability import structured_logger as sl
 from torchtitan.tools.logging import init_logger, logger
 from torchtitan.trainer import Trainer
 
+from neuron_qwen3 import weights
+
 
 class RunHooks(Trainer):
     """The project's overrides of torchtitan's Trainer; mixed in by `with_run_hooks`."""
+
+    def __init__(self, config):
+        weights.hf_compatible(config)  # before the model is built (weights.py)
+        super().__init__(config)
+
+    def train(self):
+        weights.check_coverage(self)  # before the initial load reads Hugging Face keys
+        super().train()
+        weights.export(self)  # EXPORT_DIR: also when the data ran out before training.steps
 
 
 def with_run_hooks(owner: type) -> type:

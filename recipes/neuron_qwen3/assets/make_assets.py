@@ -18,6 +18,12 @@ HF_MODEL_DIR = HERE / "hf_qwen3_tiny"
 VOCAB_SIZE = 2048
 NUM_DOCUMENTS = 3000
 EOS = "<|endoftext|>"
+# ChatML's layout with plain-text markers (the 2048-token vocabulary has no room for <|im_start|> as a special
+# token); torchtitan's HuggingFaceTokenizer and transformers both read chat_template.jinja beside the tokenizer.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 NOUNS = "cat dog river engineer kernel compiler tensor router expert cluster node chip teacher garden city model".split()
 ADJECTIVES = "quiet bright slow rapid patient careful large small warm cold sparse dense".split()
@@ -107,6 +113,7 @@ def main() -> None:
     tokenizer.save(str(TOKENIZER_DIR / "tokenizer.json"))
     config = {"bos_token": None, "eos_token": EOS, "add_bos_token": False, "model_max_length": 4096}
     (TOKENIZER_DIR / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (TOKENIZER_DIR / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     HF_MODEL_DIR.mkdir(parents=True, exist_ok=True)
     hf_config = tiny_hf_qwen3_config(tokenizer.token_to_id(EOS))
     (HF_MODEL_DIR / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
