@@ -49,7 +49,6 @@ class BuildResult:
     tags: list
     seconds: float
     steps: list = field(default_factory=list)  # (step line, seconds, cached)
-    log: str = ""
 
     @property
     def cached_steps(self):
@@ -93,7 +92,7 @@ def stream_build(client, out=sys.stderr, **kwargs):
     if image_id is None:
         raise BuildError("the build ended without an image ID:\n" + "".join(lines[-40:]))
     tags = [kwargs["tag"]] if kwargs.get("tag") else []
-    result = BuildResult(image_id, tags, time.monotonic() - started, steps, "".join(lines))
+    result = BuildResult(image_id, tags, time.monotonic() - started, steps)
     print(f"[{result.seconds:6.1f}s] built {image_id[:19]}: {len(steps)} steps, {result.cached_steps} from cache",
           file=out, flush=True)
     return result

@@ -163,14 +163,17 @@ def torchtitan_args(settings: Settings, kind: str, assets: str | None, cli_args=
         "--dump_folder", settings.output_dir, *settings.extra_args, *cli_args]
 
 
+# The compile caches the workers use, per device kind: variable -> folder under CACHE_DIR/<variant>/.
+CACHE_VARS = {"neuron": {"TORCH_NEURONX_NEFF_CACHE_DIR": "neff", "TORCH_NEURONX_HLO_CACHE_DIR": "hlo",
+                         "NKI_COMPILE_CACHE_URL": "nki"},
+              "cuda": {"TORCHINDUCTOR_CACHE_DIR": "inductor"}, "cpu": {"TORCHINDUCTOR_CACHE_DIR": "inductor"}}
+
+
 def cache_dirs(settings: Settings, kind: str) -> dict:
     """The compile-cache variables, each in its own folder under CACHE_DIR/<variant>/ (absolute: compilers run in
     their own working directories). Variants compile different graphs, so they never share a folder."""
     cache = os.path.join(os.path.abspath(settings.cache_dir), settings.variant)
-    if kind == "neuron":
-        return {"TORCH_NEURONX_NEFF_CACHE_DIR": f"{cache}/neff", "TORCH_NEURONX_HLO_CACHE_DIR": f"{cache}/hlo",
-                "NKI_COMPILE_CACHE_URL": f"{cache}/nki"}
-    return {"TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}
+    return {name: f"{cache}/{folder}" for name, folder in CACHE_VARS[kind].items()}
 
 
 def env_additions(settings: Settings, devices: Devices, nproc: int, model: str | None, environ) -> dict:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from entrypoint import checkpoints, fetch_assets, hf_folder, models
 from entrypoint.contract import Settings
 from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
+from entrypoint.plan import CACHE_VARS as CACHE_VARS_BY_KIND
 from entrypoint.plan import RECIPES, REPO, Plan, init_source
 from entrypoint.variants import VARIANTS
 
@@ -38,8 +39,7 @@ IMAGE_LOCK = "requirements.lock"  # what the image installs on top of the Neuron
 HOST_LOCK = "requirements-torch.lock"  # the torch of hosts without the DLC (dev machines, CI, the stand-in base)
 SHM_MIN_BYTES = 1 << 30
 NOFILE_MIN = 65536
-CACHE_VARS = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_HLO_CACHE_DIR", "NKI_COMPILE_CACHE_URL",
-              "TORCHINDUCTOR_CACHE_DIR")
+CACHE_VARS = sorted({name for per_kind in CACHE_VARS_BY_KIND.values() for name in per_kind})
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
 

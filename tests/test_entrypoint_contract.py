@@ -3,20 +3,23 @@
 Run: .venv/bin/python -m pytest tests/test_entrypoint_contract.py -q
 """
 
+import dataclasses
+
 import pytest
 
 from entrypoint import contract
-from entrypoint.variants import SCALES, VARIANTS
+from entrypoint.variants import DEFAULT_VARIANT, RECIPE_MODULE, SCALES, VARIANTS
 
 VAR = {var.name: var for var in contract.VARS}
 
 
-def test_every_variable_has_a_settings_field_and_defaults_parse():
+def test_every_variable_has_a_settings_field_and_an_empty_environment_means_the_defaults():
     settings = contract.parse({})
-    assert set(vars(settings)) == {name.lower() for name in VAR}
-    for var in contract.VARS:
-        expected = None if var.default is None else var.parse(var.default)
-        assert getattr(settings, var.name.lower()) == expected, var.name
+    assert [field.name for field in dataclasses.fields(settings)] == [var.name.lower() for var in contract.VARS]
+    assert [var.name for var in contract.VARS if var.default is None and getattr(settings, var.name.lower())] == []
+    assert (settings.variant, settings.scale, settings.compile, settings.extra_args, settings.checkpoint_dir,
+            settings.hf_hub_offline, settings.stop_grace, settings.log_rank, settings.module) == (
+        DEFAULT_VARIANT, "full", False, (), None, False, 20, "0", RECIPE_MODULE)
 
 
 @pytest.mark.parametrize("name, values", [("VARIANT", VARIANTS), ("SCALE", SCALES)])

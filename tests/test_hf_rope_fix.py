@@ -14,11 +14,11 @@ from conftest import RECIPES
 
 from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
 
-from neuron_qwen3 import config_registry, hf_rope_fix  # importing applies the fix
+from neuron_qwen3 import config_registry, hf_rope_fix  # v5 config functions apply the fix
 
 
-def _materialised_v5_smoke_model():
-    config = config_registry.v5_qwen3_smoke()
+def _materialised_v5_smoke_model(config=None):
+    config = config or config_registry.v5_qwen3_smoke()  # building a v5 config applies the fix
     model_config = config.model_spec.model
     model_config.update_from_config(config=config)
     with torch.device("meta"):
@@ -49,15 +49,17 @@ def test_fix_restores_rotary_frequencies():
 
 def test_upstream_init_leaves_garbage(monkeypatch):
     """Guards the fix's reason to exist: if upstream starts re-initialising, drop hf_rope_fix."""
+    config = config_registry.v5_qwen3_smoke()
     monkeypatch.setattr(HFTransformerModel, "init_states", HFTransformerModel.init_states.upstream)
-    model = _materialised_v5_smoke_model()
+    model = _materialised_v5_smoke_model(config)
     with torch.no_grad():
         model.init_weights(buffer_device=None)
     rotary = [m for m in model.model.modules() if hasattr(m, "inv_freq")]
-    assert all(torch.isnan(m.inv_freq).all() for m in rotary)
+    assert rotary and all(torch.isnan(m.inv_freq).all() for m in rotary)
 
 
 def test_apply_is_idempotent():
+    hf_rope_fix.apply()
     wrapped = HFTransformerModel.init_states
     hf_rope_fix.apply()
     assert HFTransformerModel.init_states is wrapped

@@ -20,22 +20,29 @@ from torchtitan.experiments.transformers_modeling_backend.configs import Transfo
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.models.common import CosSinRoPE, Embedding, Linear
 from torchtitan.models.common.config_utils import decoder_vocab_size
-from torchtitan.models.qwen3 import (  # the qwen3 folder's own builders, used at smoke size
-    _EMBEDDING_INIT,
-    _LINEAR_INIT,
-    _build_qwen3_layers,
-    _build_qwen3_moe_layers,
-    _qwen3_norm,
-    model_registry,
-)
+from torchtitan.models.qwen3 import model_registry
+
+try:  # the qwen3 folder's own private builders, used at smoke size: torchtitan 0.3.0's names
+    from torchtitan.models.qwen3 import (
+        _EMBEDDING_INIT,
+        _LINEAR_INIT,
+        _build_qwen3_layers,
+        _build_qwen3_moe_layers,
+        _qwen3_norm,
+    )
+except ImportError as error:
+    import torchtitan
+
+    raise ImportError(f"neuron_qwen3's smoke models use torchtitan 0.3.0's private Qwen3 builders; torchtitan "
+                      f"{torchtitan.__version__} has no {error.name or error}") from error
 from torchtitan.models.qwen3.config_registry import qwen3_1_7b, qwen3_30b_a3b
 from torchtitan.models.qwen3.model import Qwen3Model
 from torchtitan.trainer import Trainer
 
+from entrypoint.contract import VARS
 from entrypoint.models import MODELS, repo_name
+from entrypoint.variants import VARIANTS
 from neuron_qwen3 import data, hf_rope_fix
-
-hf_rope_fix.apply()  # the v5 variant trains with NaN loss without it; see hf_rope_fix.py
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 SMOKE_TOKENIZER = ASSETS / "tokenizer"
@@ -44,9 +51,13 @@ SMOKE_HF_MODEL = ASSETS / "hf_qwen3_tiny"  # config.json of a Qwen3ForCausalLM a
 NKI_EXPERTS_OVERRIDE = "neuron_qwen3.nki_experts.nki_grouped_experts"
 
 
-def _hf_assets(repo_name: str) -> str:
-    """The article's local download directory: ./assets/hf/<model> (`hf download --local-dir`)."""
-    return os.path.abspath(f"./assets/hf/{repo_name}")
+ASSETS_DIR = next(var.default for var in VARS if var.name == "ASSETS_DIR")  # the article's ./assets/hf
+
+
+def _hf_assets(repo: str) -> str:
+    """The article's local download directory: ./assets/hf/<model> (`hf download --local-dir`); the launcher
+    passes $ASSETS_DIR/<model> instead."""
+    return os.path.abspath(os.path.join(ASSETS_DIR, repo))
 
 
 def _article_training(config: Trainer.Config) -> Trainer.Config:
@@ -72,6 +83,7 @@ def _shape(model: str, family: str):
 
 
 def _v5(model: str) -> TransformersBackendConfig:
+    hf_rope_fix.apply()  # the v5 variant trains with NaN loss without it; see hf_rope_fix.py
     config = transformers_modeling_backend_full()
     _shape(model, "dense")
     # Field names are the article's; they are unchanged in torchtitan 0.3.0.
@@ -103,17 +115,17 @@ def _nki_moe(model: str) -> Trainer.Config:
 
 def v5_qwen3_4b() -> TransformersBackendConfig:
     """1. Transformers v5 backend: the Hub definition supplies the architecture."""
-    return _v5("Qwen/Qwen3-4B-Instruct-2507")
+    return _v5(VARIANTS["v5"].hf_repo)
 
 
 def native_qwen3_4b() -> Trainer.Config:
     """2. torchtitan's native Qwen3 spec, flavor 4B (0.3.0 ships no qwen3_4b config: derived from 1.7B)."""
-    return _native("Qwen/Qwen3-4B")
+    return _native(VARIANTS["native"].hf_repo)
 
 
 def nki_moe_qwen3_30b_a3b() -> Trainer.Config:
     """3. Native Qwen3-30B-A3B MoE with the experts swapped through torchtitan's override registry."""
-    return _nki_moe("Qwen/Qwen3-30B-A3B")
+    return _nki_moe(VARIANTS["nki_moe"].hf_repo)
 
 
 # ---- any Qwen3: MODEL (set by the launcher, resolved) picks the size and form ---------------------

@@ -75,17 +75,19 @@ def dense_attention(q, k, v, block_mask: BlockMask, *, scale=None, enable_gqa=Fa
 
 def _native_flex_attention(q, k, v, *, score_mod, block_mask, scale, enable_gqa, return_aux, kernel_options):
     """Stands in for `FlexAttention.compiled_flex_attn` (torchtitan/models/common/attention.py)."""
-    assert score_mod is None, "the CPU attention stand-in supports mask_mod only, not score_mod"
+    if score_mod is not None:
+        raise NotImplementedError("the CPU attention stand-in supports mask_mod only, not score_mod")
     out, lse = dense_attention(q, k, v, block_mask, scale=scale, enable_gqa=enable_gqa, return_lse=return_aux.lse)
     return out, AuxOutput(lse=lse)
 
 
 def _hf_flex_attention_forward(module, query, key, value, attention_mask, scaling=None, softcap=None, **kwargs):
     """Stands in for transformers' `flex_attention_forward`, which the transformers backend calls."""
-    assert softcap is None and kwargs.get("s_aux") is None and kwargs.get("position_bias") is None, (
-        "the CPU attention stand-in does not support softcap, attention sinks or position bias"
-    )
-    assert isinstance(attention_mask, BlockMask), f"expected a flex BlockMask, got {type(attention_mask)}"
+    if softcap is not None or kwargs.get("s_aux") is not None or kwargs.get("position_bias") is not None:
+        raise NotImplementedError("the CPU attention stand-in does not support softcap, attention sinks or position "
+                                  "bias")
+    if not isinstance(attention_mask, BlockMask):
+        raise TypeError(f"the CPU attention stand-in expects a flex BlockMask, got {type(attention_mask)}")
     out, _ = dense_attention(query, key, value, attention_mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
     return out.transpose(1, 2).contiguous(), None
 
