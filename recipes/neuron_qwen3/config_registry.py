@@ -92,22 +92,25 @@ def _v5(model: str) -> TransformersBackendConfig:
     return _article_training(config)
 
 
-def _native(model: str) -> Trainer.Config:
-    config = qwen3_1_7b()  # torchtitan's trainer settings for dense Qwen3; the flavor replaces its model
-    config.model_spec = model_registry(_shape(model, "dense").flavor)
+def _with_model_spec(config: Trainer.Config, model_spec) -> Trainer.Config:
+    """`model_spec` in place of the config's, and the loss sized to its vocabulary."""
+    config.model_spec = model_spec
     config.loss = ChunkedLossWrapper.Config(
         loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))
     )
+    return config
+
+
+def _native(model: str) -> Trainer.Config:
+    # torchtitan's trainer settings for dense Qwen3; the flavor replaces its model
+    config = _with_model_spec(qwen3_1_7b(), model_registry(_shape(model, "dense").flavor))
     config.hf_assets_path = _hf_assets(repo_name(model))
     return _article_training(config)
 
 
 def _nki_moe(model: str) -> Trainer.Config:
-    config = qwen3_30b_a3b()  # torchtitan's trainer settings for MoE Qwen3; the flavor replaces its model
-    config.model_spec = model_registry(_shape(model, "moe").flavor)
-    config.loss = ChunkedLossWrapper.Config(
-        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))
-    )
+    # torchtitan's trainer settings for MoE Qwen3; the flavor replaces its model
+    config = _with_model_spec(qwen3_30b_a3b(), model_registry(_shape(model, "moe").flavor))
     config.hf_assets_path = _hf_assets(repo_name(model))
     config.override.imports = [NKI_EXPERTS_OVERRIDE]
     return _article_training(config)
@@ -195,11 +198,7 @@ def _smoke_qwen3(moe: bool) -> Qwen3Model.Config:
 
 def _with_smoke_model(config: Trainer.Config, flavor: str, moe: bool) -> Trainer.Config:
     base = model_registry("debugmodel_moe" if moe else "debugmodel")
-    config.model_spec = dataclasses.replace(base, flavor=flavor, model=_smoke_qwen3(moe))
-    config.loss = ChunkedLossWrapper.Config(
-        loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))
-    )
-    return _smoke_training(config)
+    return _smoke_training(_with_model_spec(config, dataclasses.replace(base, flavor=flavor, model=_smoke_qwen3(moe))))
 
 
 def v5_qwen3_smoke() -> TransformersBackendConfig:
