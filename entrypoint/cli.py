@@ -69,13 +69,15 @@ def main(argv=None) -> int:
             configs = ", ".join(f"{scale}={name}" for scale, name in variant.configs.items())
             print(f"{variant.name:<8} {variant.summary} [{configs}]")
         return 0
+    if not args.dry_run:
+        launch.watch()  # a stop from here on (discovery, neuron-ls, preflight, the fetch) starts nothing more
     token = os.environ.get("HF_TOKEN")
     try:
         settings = contract.parse(os.environ)
         resolved = plan.build(settings, discovery.discover(settings), os.environ)
     except contract.UsageError as error:
         say(str(error), token)
-        return 2
+        return launch.stop_status() or 2
     if args.dry_run:
         print(contract.redact(json.dumps(asdict(resolved), indent=2), token))
         return 0
@@ -83,9 +85,9 @@ def main(argv=None) -> int:
         code = prepare(resolved, settings, token)
     except (contract.UsageError, OSError) as error:  # e.g. a checkpoint that cannot be moved aside
         say(str(error), token)
-        return 2
-    if code:
-        return code
+        return launch.stop_status() or 2
+    if code or launch.stop_status():
+        return launch.stop_status() or code
     line = shlex.join([f"{name}={value}" for name, value in resolved.env.items()] + list(resolved.argv))
     print(f"entrypoint: {contract.redact(line, token)}", flush=True)
     return launch.run(resolved.argv, {**os.environ, **resolved.env}, settings.stop_grace)

@@ -116,6 +116,8 @@ def build(settings: Settings, devices: Devices, environ) -> Plan:
     rdzv = rendezvous.resolve(settings)
     nproc = process_count(settings, devices, rdzv)
     restarts = [f"--max-restarts={settings.max_restarts}"] if settings.max_restarts else []
+    # torchrun SIGKILLs its workers 30 s after it is stopped; the stop bound is STOP_GRACE (launch.py)
+    restarts.append(f"--shutdown-timeout={settings.stop_grace}")
     argv = (sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *rdzv.torchrun_args(),
             *restarts, "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
             "-m", WORKER[devices.kind], "--module", RECIPE_MODULE, "--config", config,
