@@ -32,6 +32,7 @@ class StopWatch:
         self.signum = 0
         self.received_at = None  # monotonic time of the first signal, for the stop-to-exit figure
         self.group = None
+        self.checks, self.spent, self.first_check = 0, 0.0, None  # the agreement's own cost, for the stop line
         for signum in SIGNALS:
             signal.signal(signum, self._note)
 
@@ -48,9 +49,19 @@ class StopWatch:
         """The highest signal number any rank has received (0: none): the same answer on every rank."""
         if self.group is None:
             return self.signum
+        begin = time.perf_counter()
+        self.first_check = self.first_check or begin
         flag = torch.tensor([self.signum], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        self.checks, self.spent = self.checks + 1, self.spent + time.perf_counter() - begin
         return int(flag.item())
+
+    def cost(self) -> str:
+        """The agreement's mean time per step boundary, and its share of the time since the first one."""
+        if self.checks < 2:
+            return "no agreement needed" if self.group is None else "one agreement"
+        share = self.spent / (time.perf_counter() - self.first_check)
+        return f"agreement {1000 * self.spent / self.checks:.2f} ms per step, {100 * share:.3f}% of the run's time"
 
 
 def save_step(checkpointer, step: int) -> bool:
@@ -80,5 +91,5 @@ def stop_now(watch: StopWatch, signum: int, checkpointer, step: int, first_step:
     spent = f"{time.monotonic() - begin:.2f} s" if saved else "nothing to save"
     since = f"; {time.monotonic() - watch.received_at:.2f} s since the signal" if watch.received_at else ""
     logger.info(f"stop: {name} at step {step}: {'saved step-' + str(step) if saved else 'no new checkpoint'} "
-                f"({spent}{since}); exiting {128 + signum}")
+                f"({spent}{since}; {watch.cost()}); exiting {128 + signum}")
     raise SystemExit(128 + signum)
