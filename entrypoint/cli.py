@@ -32,9 +32,10 @@ def say(text, token, stream=None):
     print(f"entrypoint: {contract.redact(text, token)}", file=stream or sys.stderr, flush=True)
 
 
-def prepare(resolved, settings, token) -> int:
-    """Everything between the plan and torchrun; 0 to go on, else the launcher's exit status."""
-    from entrypoint import checkpoints, fetch_assets, preflight  # the launch path only: --dry-run stays lean
+def prepare(resolved, settings, token, leases) -> int:
+    """Everything between the plan and torchrun; 0 to go on, else the launcher's exit status. A lease taken on
+    the checkpoint folder is appended to `leases`, for main to release."""
+    from entrypoint import checkpoints, fetch_assets, lease, preflight  # the launch path only: --dry-run stays lean
 
     findings = preflight.run(resolved, settings, os.environ)
     failures = [f.text for f in findings if f.fatal and settings.preflight == "strict"]
@@ -53,6 +54,11 @@ def prepare(resolved, settings, token) -> int:
             return code
     elif resolved.assets:
         say(f"assets: {resolved.assets} has {', '.join(fetch_assets.REQUIRED)}: not fetching", token, sys.stdout)
+    if resolved.checkpoint_dir and resolved.rendezvous.node_rank == 0:
+        leases.append(lease.Lease(resolved.checkpoint_dir, settings.rdzv_id or settings.slurm_job_id))
+        taken_over = leases[-1].take()
+        if taken_over:
+            say(f"warning: {taken_over}", token)
     if resolved.checkpoint_dir:
         latest, warnings = checkpoints.prepare(resolved.checkpoint_dir, resolved.rendezvous.node_rank)
         for text in warnings:
@@ -81,9 +87,18 @@ def main(argv=None) -> int:
     if args.dry_run:
         print(contract.redact(json.dumps(asdict(resolved), indent=2), token))
         return 0
+    leases = []
     try:
-        code = prepare(resolved, settings, token)
-    except (contract.UsageError, OSError) as error:  # e.g. a checkpoint that cannot be moved aside
+        return launch_prepared(resolved, settings, token, leases)
+    finally:
+        for held in leases:
+            held.release()
+
+
+def launch_prepared(resolved, settings, token, leases) -> int:
+    try:
+        code = prepare(resolved, settings, token, leases)
+    except (contract.UsageError, OSError) as error:  # e.g. a checkpoint that cannot be read or moved aside
         say(str(error), token)
         return launch.stop_status() or 2
     if code or launch.stop_status():
