@@ -191,7 +191,11 @@ VARS = (
     Var("MASTER_PORT", None, "a port (1-65535)", "rendezvous port; default PET_MASTER_PORT, else 29500", port,
         "rendezvous"),
     Var("RDZV_ID", None, "letters, digits, `.`, `_`, `-`",
-        "rendezvous id, the same on every node; default SLURM_JOB_ID, else `neuron-qwen3`", word, "rendezvous"),
+        "rendezvous id, the same on every node; default SLURM_JOB_ID, else a hash of the settings all nodes share",
+        word, "rendezvous"),
+    Var("LOCAL_ADDR", None, "a host name or IP address",
+        "multi-node: this node's address for its peers (torchrun `--local-addr`, e.g. the pod IP); default: "
+        "torchrun's guess; one node always uses 127.0.0.1", host, "rendezvous"),
     Var("PET_NNODES", None, "a positive integer", "set by Kubeflow Trainer: nodes", positive_int, "kubeflow"),
     Var("PET_NODE_RANK", None, "an integer from 0", "set by Kubeflow Trainer: this node's rank", non_negative_int,
         "kubeflow"),
@@ -252,6 +256,7 @@ class Settings:
     master_addr: str | None
     master_port: int | None
     rdzv_id: str | None
+    local_addr: str | None
     pet_nnodes: int | None
     pet_node_rank: int | None
     pet_master_addr: str | None

@@ -19,6 +19,11 @@ RECIPES = os.path.join(REPO, "recipes")
 # Every worker ends in neuron_qwen3.trainer (torchtitan's main with the project's run hooks); the CPU worker
 # applies the CPU adapter before torchtitan is imported.
 WORKER = {"neuron": "neuron_qwen3.trainer", "cuda": "neuron_qwen3.trainer", "cpu": "neuron_qwen3.cpu_worker"}
+# torchtitan flags the launcher sets from a variable: EXTRA_ARGS may not set them too, or the launcher would
+# housekeep one folder while torchtitan writes another
+OWNED = {"--checkpoint.enable": "CHECKPOINT_DIR", "--checkpoint.folder": "CHECKPOINT_DIR",
+         "--checkpoint.interval": "CHECKPOINT_INTERVAL", "--checkpoint.keep_latest_k": "CHECKPOINT_KEEP",
+         "--dump_folder": "OUTPUT_DIR", "--hf_assets_path": "ASSETS_DIR", "--training.steps": "STEPS"}
 COMPILE_BACKEND = {"neuron": "neuron", "cuda": "inductor", "cpu": "inductor"}
 UNIT = {"neuron": "logical NeuronCores", "cuda": "GPUs", "cpu": "CPU cores"}
 
@@ -51,7 +56,7 @@ def assets_path(settings: Settings) -> str | None:
     """Where the full-scale assets of the variant live: $ASSETS_DIR/<repo name>, as `hf download --local-dir`."""
     if settings.scale != "full":  # smoke configs carry their own bundled assets
         return None
-    return os.path.join(settings.assets_dir, VARIANTS[settings.variant].hf_repo.rsplit("/", 1)[-1])
+    return os.path.join(os.path.abspath(settings.assets_dir), VARIANTS[settings.variant].hf_repo.rsplit("/", 1)[-1])
 
 
 def checkpoint_args(settings: Settings) -> list:
@@ -62,21 +67,34 @@ def checkpoint_args(settings: Settings) -> list:
     """
     if not settings.checkpoint_dir:
         return []
-    return ["--checkpoint.enable", "--checkpoint.folder", os.path.abspath(settings.checkpoint_dir),
+    return ["--checkpoint.enable", f"--checkpoint.folder={os.path.abspath(settings.checkpoint_dir)}",
             "--checkpoint.interval", str(settings.checkpoint_interval),
             "--checkpoint.keep_latest_k", str(settings.checkpoint_keep), "--checkpoint.no-last-save-model-only"]
 
 
+def refuse_owned_flags(extra_args) -> None:
+    """UsageError naming the variable to use for the first EXTRA_ARGS word that sets a flag the launcher owns."""
+    for word in extra_args:
+        flag = word.split("=", 1)[0]
+        normal = "--" + flag[2:].replace("-", "_") if flag.startswith("--") else flag
+        if normal in OWNED:
+            raise UsageError(f"EXTRA_ARGS sets {flag}, which the launcher sets from {OWNED[normal]}: "
+                             f"set {OWNED[normal]} instead")
+
+
 def torchtitan_args(settings: Settings, kind: str) -> list:
+    """Paths go as `--flag=/absolute/path`: a path that starts with `-` would otherwise be read as a flag."""
+    refuse_owned_flags(settings.extra_args)
     args = ["--training.steps", str(settings.steps)] if settings.steps else []
     if settings.compile:
         args += ["--compile.enable", "--compile.backend", COMPILE_BACKEND[kind]]
     assets = assets_path(settings)
     if assets:
-        args += ["--hf_assets_path", assets]
+        args.append(f"--hf_assets_path={assets}")
         if VARIANTS[settings.variant].hf_config_arg:  # the model's config.json from the same folder, not the Hub
-            args += [VARIANTS[settings.variant].hf_config_arg, assets]
-    return args + checkpoint_args(settings) + ["--dump_folder", settings.output_dir, *settings.extra_args]
+            args.append(f"{VARIANTS[settings.variant].hf_config_arg}={assets}")
+    return [*args, *checkpoint_args(settings), f"--dump_folder={os.path.abspath(settings.output_dir)}",
+            *settings.extra_args]
 
 
 def cache_dirs(settings: Settings, kind: str) -> dict:
@@ -119,7 +137,8 @@ def build(settings: Settings, devices: Devices, environ) -> Plan:
     # torchrun SIGKILLs its workers 30 s after it is stopped; the stop bound is STOP_GRACE (launch.py)
     restarts.append(f"--shutdown-timeout={settings.stop_grace}")
     argv = (sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *rdzv.torchrun_args(),
-            *restarts, "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
+            *restarts, f"--log-dir={os.path.join(os.path.abspath(settings.output_dir), 'torchrun')}",
+            "--local-ranks-filter", "0", "--role", "rank", "--tee", "3",
             "-m", WORKER[devices.kind], "--module", RECIPE_MODULE, "--config", config,
             *torchtitan_args(settings, devices.kind))
     checkpoint_dir = os.path.abspath(settings.checkpoint_dir) if settings.checkpoint_dir else None
