@@ -31,6 +31,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STEP_LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
 STOPPED_AT = re.compile(r"stop: SIGTERM at step (\d+): saved step-\d+")
 STEPS, INTERVAL, SIGNAL_AFTER = 6, 3, 1
+STOP_GRACE = 120  # generous: a loaded CI machine must not turn the save into a kill (the bound is launch.py's test)
 CASES = [("native", 1), ("native", 2), ("nki_moe", 1)]
 
 
@@ -43,7 +44,7 @@ def env_for(tmp, name, variant, nproc):
     return worker_env(VARIANT=variant, SCALE="smoke", NPROC=str(nproc), STEPS=str(STEPS),
                       CHECKPOINT_INTERVAL=str(INTERVAL), OUTPUT_DIR=f"{tmp}/{variant}-{nproc}-{name}/out",
                       CHECKPOINT_DIR=f"{tmp}/{variant}-{nproc}-{name}/checkpoint", CACHE_DIR=f"{tmp}/cache",
-                      PREFLIGHT="warn")
+                      PREFLIGHT="warn", STOP_GRACE=str(STOP_GRACE))
 
 
 def launch(env, stop_after=None):
@@ -111,8 +112,9 @@ def test_a_stop_saves_the_current_step_and_exits_143(tmp, variant, nproc):
     assert k % INTERVAL and k < STEPS, f"stopped at step {k}: not a save only the stop can have written"
     assert sorted(losses(output)) == list(range(1, k + 1))  # it finished the step it was in, and began no other
     assert left.latest == k and not left.broken  # complete: .metadata and every byte range it names
-    print(f"\n{variant} x{nproc}: SIGTERM -> exit 143 in {took:.2f} s (save of step-{k} included; "
-          f"STOP_GRACE {os.environ.get('STOP_GRACE', 20)} s); {stop.group(0)}")
+    assert "killing process groups" not in output  # everything ended by itself, no SIGKILL at the grace
+    detail = re.search(r"stop: .*", ANSI.sub("", output))[0]
+    print(f"\n{variant} x{nproc}: SIGTERM to the launcher -> exit 143 in {took:.2f} s; worker: {detail}")
 
 
 @pytest.mark.parametrize("variant, nproc", CASES)
