@@ -15,6 +15,8 @@ from dataclasses import asdict
 from entrypoint import contract, discovery, launch, plan
 from entrypoint.variants import VARIANTS
 
+SECRETS = ("HF_TOKEN",)  # given to the asset fetch, never to torchrun and the workers
+
 
 def parser():
     table = "\n".join(f"  {var.name:<25} default {var.default or '-'!s:<12} {var.meaning}" for var in contract.VARS)
@@ -48,6 +50,8 @@ def prepare(resolved, settings, token, leases) -> int:
     if resolved.assets and fetch_assets.missing(resolved.assets):
         repo = VARIANTS[settings.variant].hf_repo
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (plan.REPO, os.environ.get("PYTHONPATH"))))}
+        if token:  # the only process that needs it; a secret made from a file ends in a newline
+            env["HF_TOKEN"] = token.strip()
         code = launch.run([sys.executable, "-m", "entrypoint.fetch_assets", repo, resolved.assets], env,
                           settings.stop_grace)
         if code:
@@ -105,4 +109,5 @@ def launch_prepared(resolved, settings, token, leases) -> int:
         return launch.stop_status() or code
     line = shlex.join([f"{name}={value}" for name, value in resolved.env.items()] + list(resolved.argv))
     print(f"entrypoint: {contract.redact(line, token)}", flush=True)
-    return launch.run(resolved.argv, {**os.environ, **resolved.env}, settings.stop_grace)
+    workers = {name: value for name, value in os.environ.items() if name not in SECRETS}  # only the fetch needs it
+    return launch.run(resolved.argv, {**workers, **resolved.env}, settings.stop_grace)

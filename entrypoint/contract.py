@@ -286,5 +286,8 @@ def parse(env) -> Settings:
 
 
 def redact(text: str, token: str | None) -> str:
-    """Hide HF_TOKEN in anything printed: error lines, the plan, the launch line."""
-    return text.replace(token, "***") if token else text
+    """Hide HF_TOKEN in anything printed: error lines, the plan, the launch line. Also the token without its
+    surrounding whitespace: a Kubernetes secret made from a file keeps the file's newline."""
+    for secret in sorted({token or "", (token or "").strip()} - {""}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text

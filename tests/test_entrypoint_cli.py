@@ -131,7 +131,7 @@ def test_launch_line_redacts_the_token_and_returns_the_child_status(tmp_path, mo
     line = capsys.readouterr().out
     assert line.count("\n") == 1 and "torch.distributed.run" in line
     assert "hf_do_not_print" not in line and line.rstrip().endswith("--x ***")
-    assert launched[0][1]["HF_TOKEN"] == "hf_do_not_print"  # redacted in print only
+    assert "HF_TOKEN" not in launched[0][1]  # only the asset fetch gets it
     assert launched[0][2] == int(VAR["STOP_GRACE"].default)
 
 
@@ -217,3 +217,11 @@ def test_sigterm_during_discovery_exits_143_and_launches_nothing(tmp_path):
         assert "entrypoint: SIGTERM: stopping before the launch: nothing more is started" in err.splitlines()
     finally:
         launcher.kill()
+
+
+def test_a_token_with_a_trailing_newline_is_redacted_too():
+    """A Kubernetes secret made from a file keeps its newline; the token still shows up in text without it."""
+    token = "hf_from_a_file\n"
+    assert contract.redact("--x hf_from_a_file --y", token) == "--x *** --y"
+    assert contract.redact(f"env HF_TOKEN={token}", token) == "env HF_TOKEN=***"
+    assert contract.redact("nothing", " \n") == "nothing"
