@@ -220,7 +220,8 @@ VARS = (
     Var("MAX_RESTARTS", "0", "an integer from 0", "torchrun `--max-restarts`: worker failures survived in place, "
         "each resuming from the newest checkpoint", non_negative_int, "faults"),
     Var("STOP_GRACE", "20", "a positive integer (seconds)", "after SIGTERM/SIGINT, seconds before the launcher "
-        "SIGKILLs every process it started", positive_int, "faults"),
+        "SIGKILLs every process it started: the step in flight and the save on stop must fit", positive_int,
+        "faults"),
     # ---- preflight
     Var("PREFLIGHT", "strict", "one of: strict, warn",
         "strict: a failed preflight check stops the launch (exit 2); warn: it is printed as a warning",
