@@ -69,9 +69,13 @@ COPY ci/image/code-check.py tools/code-check.py
 COPY entrypoint/ entrypoint/
 COPY recipes/ recipes/
 # Byte-compile the code (the user cannot write __pycache__ here), check that every package it imports
-# is installed (a second, without importing torch), and that the launcher starts.
+# is installed (a second, without importing torch), and that the launcher starts. A .pth file in the venv
+# puts recipes/ on every interpreter's path, so the article's hand-typed `torchrun ... -m torchtitan.train
+# --module neuron_qwen3` finds the recipes without the launcher's PYTHONPATH (checked from /, outside WORKDIR).
 RUN python3 -m compileall -q entrypoint recipes \
  && python3 tools/code-check.py entrypoint recipes \
+ && echo /opt/neuron-qwen3/recipes > "$(python3 -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/neuron-qwen3-recipes.pth" \
+ && (cd / && python3 -c "import neuron_qwen3") \
  && python3 -m entrypoint --list
 
 USER ${APP_UID}

@@ -47,12 +47,22 @@ class Case:
     nproc: int | None = None  # stdout is the --dry-run plan, with this many processes
     error: str | None = None  # stderr is exactly one line containing this
     timeout: int = 120  # seconds; a smoke training run takes 15-25 s here
+    network: str | None = None  # docker's network mode; None: the default bridge, as users run it
+    entrypoint: tuple | None = None  # a command typed by hand instead of the image's launcher
+    stdout_has: str | None = None  # stdout contains this
 
 
 CASES = (
     *(Case(f"train-{variant}", env={"VARIANT": variant, "SCALE": "smoke", "STEPS": STEPS}, loss_falls=True,
            timeout=300)
       for variant in ("v5", "native", "nki_moe")),
+    # no network at all: the single-node rendezvous must not need the container's host name to resolve
+    Case("train-native-network-none", env={"VARIANT": "native", "SCALE": "smoke", "STEPS": STEPS}, loss_falls=True,
+         network="none", timeout=300),
+    # the article's hand-typed command, without the launcher: the baked-in recipes are importable by any process
+    Case("hand-typed-article-command", entrypoint=("python3", "-m", "torchtitan.train"),
+         args=("--module", "neuron_qwen3", "--config", "native_qwen3_smoke", "--help"), network="none",
+         stdout_has="usage:"),
     Case("neuron-dry-run", args=("--dry-run",), neuron_devices=NEURON_DEVICES, nproc=NEURON_DEVICES * 4),
     Case("neuron-without-torch-neuronx", neuron_devices=NEURON_DEVICES, exit_code=2, error="torch_neuronx"),
     Case("unknown-variant", env={"VARIANT": "llama4"}, exit_code=2, error="VARIANT='llama4'"),
@@ -69,10 +79,13 @@ def log(message):
 def run_container(client, image, case):
     """(exit code, stdout, stderr) of one case's container."""
     devices = [f"/dev/null:/dev/neuron{n}:rwm" for n in range(case.neuron_devices)]
-    # Default network, as users run it: with network "none" the container's hostname does not resolve and
-    # torchrun's c10d rendezvous retries forever. Smoke runs are offline anyway (HF_HUB_OFFLINE, bundled assets).
+    # Default network unless the case says otherwise (smoke runs are offline anyway: HF_HUB_OFFLINE, bundled
+    # assets); one case runs with network "none", where the container's host name does not resolve.
+    options = {"network_mode": case.network} if case.network else {}
+    if case.entrypoint:
+        options["entrypoint"] = list(case.entrypoint)
     container = client.containers.run(image, list(case.args), environment=case.env, devices=devices, detach=True,
-                                      shm_size="1g")
+                                      shm_size="1g", **options)
     try:
         try:
             status = container.wait(timeout=case.timeout)
@@ -110,6 +123,9 @@ def check_case(client, image, case):
         assert plan["devices"]["kind"] == "neuron", f"{case.name}: plan is for {plan['devices']['kind']}{tail}"
         assert f"--nproc_per_node={case.nproc}" in plan["argv"], f"{case.name}: argv {plan['argv']}"
         summary += f", plan: {plan['nproc']} processes on {len(plan['devices']['nodes'])} Neuron devices"
+    if case.stdout_has is not None:
+        assert case.stdout_has in out, f"{case.name}: {case.stdout_has!r} not in stdout{tail}"
+        summary += f", stdout has {case.stdout_has!r}"
     if case.error is not None:
         lines = err.strip().splitlines()
         assert len(lines) == 1, f"{case.name}: expected a one-line error, got {len(lines)} lines{tail}"

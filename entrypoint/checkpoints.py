@@ -2,21 +2,27 @@
 
 torchtitan resumes from the highest `step-N` folder of the checkpoint folder that holds a `.metadata` file.
 DCP writes `.metadata` last, after every rank's data files, so a save cut short by SIGTERM or SIGKILL leaves a
-folder without it, which torchtitan skips. It does not skip a folder whose `.metadata` is there but whose data is
-not (a truncated copy, a full disk, a lost shard): it loads it and crashes, on every restart. So this module
-checks each `step-N` folder the way DCP will read it: `.metadata` unpickles, and every byte range it points to
-exists in its data file. Folders that fail are moved to `<folder>/incomplete/`, where torchtitan does not look,
-so its own "newest step-N" is the newest complete one, including after torchrun restarts workers in place.
+folder without it, which torchtitan skips. Such a folder may also be a save still being written by another
+process (a job that is still stopping), so it is left where it is: only reported. torchtitan does not skip a
+folder whose `.metadata` is there but whose data is not (a truncated copy, a full disk, a lost shard): it loads it
+and crashes, on every restart. So this module checks each `step-N` folder the way DCP will read it: `.metadata`
+unpickles, and every byte range it points to exists in its data file. Only those provably broken folders are
+moved to `<folder>/incomplete/`, where torchtitan does not look, so its own "newest step-N" is the newest complete
+one, including after torchrun restarts workers in place. `incomplete/` keeps only what the latest launch moved
+there (older entries are deleted: full-scale checkpoints are hundreds of GB). A read error other than "not found"
+(EACCES, EIO, ESTALE) proves nothing about the checkpoint: it stops the launch with one line and moves nothing.
 
 `.metadata` is a pickle of torch classes; it is read with an unpickler that replaces every class by an inert
 stand-in, so no torch import and no code from the file runs.
 """
 
+import errno
 import io
 import json
 import os
 import pickle
 import re
+import shutil
 import time
 from dataclasses import dataclass
 
@@ -50,9 +56,9 @@ class _Unpickler(pickle.Unpickler):
 
 def _storage_ranges(metadata_path):
     """{data file: bytes it must hold at least} from a DCP `.metadata`; ValueError if it cannot be read."""
+    data = _read(metadata_path)
     try:
-        with open(metadata_path, "rb") as f:
-            metadata = _Unpickler(io.BytesIO(f.read())).load()
+        metadata = _Unpickler(io.BytesIO(data)).load()
     except Exception as error:  # any unpickling failure means a damaged file
         raise ValueError(f"unreadable .metadata ({type(error).__name__})") from None
     storage = getattr(metadata, "storage_data", None)
@@ -64,6 +70,38 @@ def _storage_ranges(metadata_path):
         if isinstance(path, str) and isinstance(offset, int) and isinstance(length, int):
             needed[path] = max(needed.get(path, 0), offset + length)
     return needed
+
+
+def _io_error(path, error) -> OSError:
+    """One line for a read error that says nothing about the checkpoint itself: the launch stops there."""
+    name = errno.errorcode.get(error.errno, "?")
+    return OSError(f"cannot read {path}: {error.strerror} ({name}); nothing was moved: fix its access (the "
+                   f"container runs as uid {os.getuid()}) or move the checkpoint away, then restart")
+
+
+def _read(path) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise _io_error(path, error) from None
+
+
+def _size(path) -> int | None:
+    """Bytes in `path`, None if it does not exist; any other error stops the launch."""
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise _io_error(path, error) from None
+
+
+def unfinished(folder) -> bool:
+    """No `.metadata` and no HF index: a save cut short or still being written; torchtitan skips it."""
+    return not any(os.path.isfile(os.path.join(folder, name)) for name in (".metadata", "model.safetensors.index.json"))
 
 
 def problem(folder) -> str | None:
@@ -81,12 +119,13 @@ def problem(folder) -> str | None:
         return "no .metadata: the save did not finish"
     try:
         needed = _storage_ranges(os.path.join(folder, ".metadata"))
+    except FileNotFoundError:  # gone since isfile: someone else is moving or purging it
+        return "no .metadata: the save did not finish"
     except ValueError as error:
         return str(error)
     for name, size in sorted(needed.items()):
-        try:
-            actual = os.path.getsize(os.path.join(folder, name))
-        except OSError:
+        actual = _size(os.path.join(folder, name))
+        if actual is None:
             return f"{name} is missing"
         if actual < size:
             return f"{name} has {actual} bytes, .metadata needs {size}"
@@ -97,7 +136,8 @@ def problem(folder) -> str | None:
 class Scan:
     folder: str
     latest: int | None  # newest complete step, None if there is none
-    broken: tuple  # (entry name, step, why) of each step-N folder that is not complete
+    broken: tuple  # (entry name, step, why) of each step-N folder that is provably broken
+    unfinished: tuple = ()  # entry names of the step-N folders without .metadata: never moved
 
 
 def scan(folder) -> Scan:
@@ -106,32 +146,40 @@ def scan(folder) -> Scan:
         entries = sorted(os.listdir(folder))
     except FileNotFoundError:
         return Scan(str(folder), None, ())
-    complete, broken = [], []
+    complete, broken, cut = [], [], []
     for name in entries:
         match = STEP.search(name)
         path = os.path.join(folder, name)
         if not match or not os.path.isdir(path):
             continue  # torchtitan ignores these too
+        if unfinished(path):
+            cut.append(name)
+            continue
         why = problem(path)
         if why:
             broken.append((name, int(match[1]), why))
         else:
             complete.append(int(match[1]))
-    return Scan(str(folder), max(complete, default=None), tuple(broken))
+    return Scan(str(folder), max(complete, default=None), tuple(broken), tuple(cut))
 
 
-def set_aside(found: Scan) -> list:
-    """Move every broken step-N folder into <folder>/incomplete/ (kept, not deleted); returns the new paths."""
+def set_aside(found: Scan) -> tuple:
+    """Move every broken step-N folder into <folder>/incomplete/, and delete what earlier launches left there.
+
+    Returns (the new paths, the deleted paths)."""
     if not found.broken:
-        return []
+        return [], []
     aside = os.path.join(found.folder, ASIDE)
     os.makedirs(aside, exist_ok=True)
+    older = [os.path.join(aside, name) for name in sorted(os.listdir(aside))]
     moved = []
     for name, _, _ in found.broken:
         target = os.path.join(aside, f"{name}.{time.strftime('%Y%m%dT%H%M%S')}.{os.getpid()}")
         os.rename(os.path.join(found.folder, name), target)
         moved.append(target)
-    return moved
+    for path in older:
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    return moved, older
 
 
 def prepare(folder, node_rank: int) -> tuple:
@@ -141,9 +189,11 @@ def prepare(folder, node_rank: int) -> tuple:
     folder alone: node 0 finishes moving before torchrun's rendezvous lets any worker start.
     """
     found = scan(folder)
-    lines = [f"checkpoint {os.path.join(folder, name)} is incomplete ({why}): "
+    lines = [f"checkpoint {os.path.join(folder, name)} is broken ({why}): "
              + ("moved to " + os.path.join(folder, ASIDE) if node_rank == 0 else "skipped")
              for name, _, why in found.broken]
+    lines += [f"checkpoint {os.path.join(folder, name)} has no .metadata (a save cut short, or one still being "
+              "written): torchtitan skips it; left in place" for name in found.unfinished]
     if node_rank == 0:
-        set_aside(found)
+        lines += [f"deleted {path}: set aside by an earlier launch" for path in set_aside(found)[1]]
     return found.latest, lines

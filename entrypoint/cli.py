@@ -17,6 +17,8 @@ from dataclasses import asdict
 from entrypoint import contract, discovery, launch, models, plan
 from entrypoint.variants import VARIANTS
 
+SECRETS = ("HF_TOKEN",)  # given to the asset fetch, never to torchrun and the workers
+
 
 def parser():
     table = "\n".join(f"  {var.name}  (default: {var.default or '-'}; accepts: {var.allowed})\n      {var.meaning}"
@@ -65,9 +67,10 @@ def checked(resolved, settings, token) -> int:
     return 0
 
 
-def prepare(resolved, settings, token) -> int:
-    """Everything between the plan and torchrun; 0 to go on, else the launcher's exit status."""
-    from entrypoint import checkpoints, fetch_assets
+def prepare(resolved, settings, token, leases) -> int:
+    """Everything between the plan and torchrun; 0 to go on, else the launcher's exit status. A lease taken on
+    the checkpoint folder is appended to `leases`, for main to release."""
+    from entrypoint import checkpoints, fetch_assets, lease
 
     code = checked(resolved, settings, token)
     if code:
@@ -75,12 +78,19 @@ def prepare(resolved, settings, token) -> int:
     if resolved.assets and fetch_assets.missing(resolved.assets):
         repo = resolved.model
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (plan.REPO, os.environ.get("PYTHONPATH"))))}
+        if token:  # the only process that needs it; a secret made from a file ends in a newline
+            env["HF_TOKEN"] = token.strip()
         code = launch.run([sys.executable, "-m", "entrypoint.fetch_assets", repo, resolved.assets], env,
                           settings.stop_grace)
         if code:
             return code
     elif resolved.assets:
         say(f"assets: {resolved.assets} has {', '.join(fetch_assets.REQUIRED)}: not fetching", token, sys.stdout)
+    if resolved.checkpoint_dir and resolved.rendezvous.node_rank == 0:
+        leases.append(lease.Lease(resolved.checkpoint_dir, settings.rdzv_id or settings.slurm_job_id))
+        taken_over = leases[-1].take()
+        if taken_over:
+            say(f"warning: {taken_over}", token)
     if resolved.checkpoint_dir:
         latest, warnings = checkpoints.prepare(resolved.checkpoint_dir, resolved.rendezvous.node_rank)
         for text in warnings:
@@ -95,6 +105,8 @@ def main(argv=None) -> int:
     if args.list:
         print_list()
         return 0
+    if not args.dry_run:
+        launch.watch()  # a stop from here on (discovery, neuron-ls, preflight, the fetch) starts nothing more
     token = os.environ.get("HF_TOKEN")
     for line in contract.stray_names(os.environ):
         say(f"warning: {line}", token)
@@ -103,7 +115,7 @@ def main(argv=None) -> int:
         resolved = plan.build(settings, discovery.discover(settings), os.environ, torchtitan_args)
     except contract.UsageError as error:
         say(str(error), token)
-        return 2
+        return launch.stop_status() or 2
     if args.dry_run:
         print(contract.redact(json.dumps(asdict(resolved), indent=2), token))
         return 0
@@ -112,13 +124,23 @@ def main(argv=None) -> int:
         say(f"check: {'the launch would start' if not code else 'the launch would stop'}: {resolved.config} on "
             f"{resolved.nproc} {plan.UNIT[resolved.devices.kind]}; {resolved.parallelism['why']}", token, sys.stdout)
         return code
+    leases = []
     try:
-        code = prepare(resolved, settings, token)
-    except (contract.UsageError, OSError) as error:  # e.g. a checkpoint that cannot be moved aside
+        return launch_prepared(resolved, settings, token, leases)
+    finally:
+        for held in leases:
+            held.release()
+
+
+def launch_prepared(resolved, settings, token, leases) -> int:
+    try:
+        code = prepare(resolved, settings, token, leases)
+    except (contract.UsageError, OSError) as error:  # e.g. a checkpoint that cannot be read or moved aside
         say(str(error), token)
-        return 2
-    if code:
-        return code
+        return launch.stop_status() or 2
+    if code or launch.stop_status():
+        return launch.stop_status() or code
     line = shlex.join([f"{name}={value}" for name, value in resolved.env.items()] + list(resolved.argv))
     print(f"entrypoint: {contract.redact(line, token)}", flush=True)
-    return launch.run(resolved.argv, {**os.environ, **resolved.env}, settings.stop_grace)
+    workers = {name: value for name, value in os.environ.items() if name not in SECRETS}  # only the fetch needs it
+    return launch.run(resolved.argv, {**workers, **resolved.env}, settings.stop_grace)

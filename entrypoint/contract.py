@@ -190,7 +190,9 @@ VARS = (
     Var("NPROC", None, "a positive integer",
         "processes per node; default PET_NPROC_PER_NODE, else one per logical NeuronCore or GPU, 1 on CPU",
         positive_int),
-    Var("EXTRA_ARGS", "", "shell words", "extra torchtitan arguments, appended last",
+    Var("EXTRA_ARGS", "", "shell words",
+        "extra torchtitan arguments, appended last (before the command line's); flags the launcher sets from a "
+        "variable are refused",
         lambda raw: tuple(shlex.split(raw))),
     Var("INIT_FROM", None, "`hub` or a path to a Hugging Face model folder",
         "unset: random init; `hub`: the variant's Hub weights into ASSETS_DIR (full scale); a path: a local "
@@ -220,7 +222,8 @@ VARS = (
     Var("NEURON_RT_VISIBLE_CORES", None, "a core list like 3, 0-3 or 0-3,8 (ascending, no repeats)",
         "logical NeuronCores to use; default all", core_list),
     Var("CUDA_VISIBLE_DEVICES", None, "a comma list of GPU indices", "GPUs to use; empty: none", comma_list),
-    Var("HF_TOKEN", None, "a token", "Hub token for gated downloads; never printed", secret=True),
+    Var("HF_TOKEN", None, "a token", "Hub token for gated downloads; given to the asset fetch only (not to torchrun "
+        "or the workers), whitespace stripped; never printed", secret=True),
     Var("HF_HUB_OFFLINE", "0", "one of: " + ", ".join(SWITCH),
         "1: never download; full-scale assets missing from ASSETS_DIR is then an error", switch),
     Var("NEURON_QWEN3_MOE_KERNEL", "auto", "one of: auto, nki, reference",
@@ -239,7 +242,11 @@ VARS = (
     Var("MASTER_PORT", None, "a port (1-65535)", "rendezvous port; default PET_MASTER_PORT, else 29500", port,
         "rendezvous"),
     Var("RDZV_ID", None, "letters, digits, `.`, `_`, `-`",
-        "rendezvous id, the same on every node; default SLURM_JOB_ID, else `neuron-qwen3`", word, "rendezvous"),
+        "rendezvous id, the same on every node; default SLURM_JOB_ID, else a hash of the settings all nodes share",
+        word, "rendezvous"),
+    Var("LOCAL_ADDR", None, "a host name or IP address",
+        "multi-node: this node's address for its peers (torchrun `--local-addr`, e.g. the pod IP); default: "
+        "torchrun's guess; one node always uses 127.0.0.1", host, "rendezvous"),
     Var("PET_NNODES", None, "a positive integer", "set by Kubeflow Trainer: nodes", positive_int, "kubeflow"),
     Var("PET_NODE_RANK", None, "an integer from 0", "set by Kubeflow Trainer: this node's rank", non_negative_int,
         "kubeflow"),
@@ -264,7 +271,8 @@ VARS = (
     Var("MAX_RESTARTS", "0", "an integer from 0", "torchrun `--max-restarts`: worker failures survived in place, "
         "each resuming from the newest checkpoint", non_negative_int, "faults"),
     Var("STOP_GRACE", "20", "a positive integer (seconds)", "after SIGTERM/SIGINT, seconds before the launcher "
-        "SIGKILLs every process it started", positive_int, "faults"),
+        "SIGKILLs every process it started: the step in flight and the save on stop must fit", positive_int,
+        "faults"),
     # ---- preflight
     Var("PREFLIGHT", "strict", "one of: strict, warn",
         "strict: a failed preflight check stops the launch (exit 2); warn: it is printed as a warning",
@@ -318,5 +326,8 @@ def stray_names(env) -> list:
 
 
 def redact(text: str, token: str | None) -> str:
-    """Hide HF_TOKEN in anything printed: error lines, the plan, the launch line."""
-    return text.replace(token, "***") if token else text
+    """Hide HF_TOKEN in anything printed: error lines, the plan, the launch line. Also the token without its
+    surrounding whitespace: a Kubernetes secret made from a file keeps the file's newline."""
+    for secret in sorted({token or "", (token or "").strip()} - {""}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text

@@ -6,8 +6,15 @@ child's group reaches torchrun only: the launcher signals every process group fo
 reaches every process at once. After the first SIGTERM, SIGINT or SIGHUP those groups have `grace` seconds
 (STOP_GRACE) to exit; then the launcher SIGKILLs all of them, including workers torchrun left behind. A stop
 therefore takes at most `grace` seconds plus one polling interval (0.1 s) and the kill: the bound that
-docs/production.md states. The launcher exits with the child's status (128 + N if killed by signal N). As PID 1
-it also reaps the orphans a container's init would, so none is left a zombie.
+docs/production.md states. The launcher exits with the child's status (128 + N if killed by signal N); after a
+stop signal N, a child that did not succeed makes it 128 + N (143 for SIGTERM: torchrun itself exits 1 then), so
+Slurm and Kubernetes see a stopped job, not a failed one. As PID 1 it also reaps the orphans a container's init
+would, so none is left a zombie.
+
+`watch()` runs at the top of the launcher's main: a stop that arrives before torchrun starts (discovery,
+`neuron-ls`, preflight, the asset fetch) is noted, nothing more is started, and the launcher exits 128 + N. SIGUSR1
+and SIGUSR2 are not forwarded: neither torchrun nor torchtitan handles them, so they killed every worker at once
+(no save); the launcher notes and ignores them (Slurm's `--signal` should name TERM).
 """
 
 import os
@@ -15,15 +22,42 @@ import signal
 import subprocess
 import time
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # forwarded to every process group of the child
+IGNORED = (signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_GRACE = 20  # seconds; the contract's STOP_GRACE default
 POLL = 0.1  # seconds between looks at the child
 AFTER_KILL = 5  # seconds to wait for the groups to vanish after SIGKILL before giving up on stragglers
 
 
+stopped = None  # the first stop signal this process received; once set, nothing more is started
+
+
 def _say(text):
     os.write(2, f"entrypoint: {text}\n".encode())  # safe inside a signal handler, unlike print
+
+
+def _note_stop(signum, _frame):
+    global stopped
+    if stopped is None:
+        stopped = signum
+        _say(f"{signal.Signals(signum).name}: stopping before the launch: nothing more is started")
+
+
+def _ignore(signum, _frame):
+    _say(f"{signal.Signals(signum).name} ignored: only SIGTERM, SIGINT and SIGHUP stop the job (with a save)")
+
+
+def watch():
+    """Note stop signals from now on (the top of main), so one that comes before the launch starts nothing."""
+    for signum in STOPS:
+        signal.signal(signum, _note_stop)
+    for signum in IGNORED:
+        signal.signal(signum, _ignore)
+
+
+def stop_status() -> int | None:
+    """128 + the stop signal's number once one was received, else None."""
+    return 128 + stopped if stopped else None
 
 
 def process_table(proc="/proc"):
@@ -97,6 +131,9 @@ def _reap(child) -> int | None:
 
 
 def run(argv, env, grace=DEFAULT_GRACE) -> int:
+    """Run `argv` to its end or to the stop bound; 128 + N without starting it if stop signal N came before."""
+    if stopped:
+        return stop_status()
     child = None
     early = []  # signals that arrived before the child existed
     deadline = None  # set by the first stop signal
@@ -104,7 +141,11 @@ def run(argv, env, grace=DEFAULT_GRACE) -> int:
 
     def forward(signum, _frame):
         nonlocal deadline
-        if signum in STOPS and deadline is None:
+        global stopped
+        if signum in IGNORED:
+            return _ignore(signum, _frame)
+        if deadline is None:
+            stopped = stopped or signum
             deadline = time.monotonic() + grace
             _say(f"{signal.Signals(signum).name}: stopping; whatever still runs in {grace} s is killed")
         if child is None:
@@ -115,7 +156,7 @@ def run(argv, env, grace=DEFAULT_GRACE) -> int:
             groups.update(found)
         _signal_groups(found, signum)
 
-    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
+    previous = {signum: signal.signal(signum, forward) for signum in STOPS + IGNORED}
     try:
         child = subprocess.Popen(argv, env=env, start_new_session=True)
         for signum in early:
@@ -139,4 +180,5 @@ def run(argv, env, grace=DEFAULT_GRACE) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return 128 - code if code < 0 else code
+    status = 128 - code if code < 0 else code
+    return stop_status() if stopped and status else status

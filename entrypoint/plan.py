@@ -25,7 +25,8 @@ UNIT = {"neuron": "logical NeuronCores", "cuda": "GPUs", "cpu": "CPU cores"}
 NEURON_GIB_PER_CORE = {"1": 12, "2": 24}
 # torchtitan flags whose value the launcher owns (it also acts on it: housekeeping, folders): the variable to set.
 OWNED_FLAGS = {"module": "MODULE", "config": "CONFIG (or VARIANT and SCALE)", "dump_folder": "OUTPUT_DIR",
-               "checkpoint.folder": "CHECKPOINT_DIR", "checkpoint.keep_latest_k": "CHECKPOINT_KEEP",
+               "checkpoint.enable": "CHECKPOINT_DIR", "checkpoint.folder": "CHECKPOINT_DIR",
+               "checkpoint.keep_latest_k": "CHECKPOINT_KEEP",
                "checkpoint.interval": "CHECKPOINT_INTERVAL", "hf_assets_path": "ASSETS_DIR (and MODEL)"}
 
 
@@ -87,11 +88,12 @@ def assets_path(settings: Settings, model: str | None) -> str | None:
     """Where the full-scale assets of the model live: $ASSETS_DIR/<repo name>, as `hf download --local-dir`."""
     if not model:  # smoke configs carry their own bundled assets
         return None
-    return os.path.join(settings.assets_dir, models.repo_name(model))
+    return os.path.join(os.path.abspath(settings.assets_dir), models.repo_name(model))
 
 
 def refuse_owned_flags(args, source: str) -> None:
-    """A torchtitan flag the launcher sets from a variable cannot come from EXTRA_ARGS or the command line."""
+    """A torchtitan flag the launcher sets from a variable cannot come from EXTRA_ARGS or the command line: the
+    launcher would housekeep one folder while torchtitan writes another."""
     for arg in args:
         name = arg.lstrip("-").split("=", 1)[0].replace("-", "_") if arg.startswith("--") else None
         if name in OWNED_FLAGS:
@@ -116,7 +118,7 @@ def checkpoint_args(settings: Settings) -> list:
     """
     if not settings.checkpoint_dir:
         return []
-    return ["--checkpoint.enable", "--checkpoint.folder", os.path.abspath(settings.checkpoint_dir),
+    return ["--checkpoint.enable", f"--checkpoint.folder={os.path.abspath(settings.checkpoint_dir)}",
             "--checkpoint.interval", str(settings.checkpoint_interval),
             "--checkpoint.keep_latest_k", str(settings.checkpoint_keep), "--checkpoint.no-last-save-model-only"]
 
@@ -140,7 +142,7 @@ def weights_args(settings: Settings, assets: str | None) -> list:
     args = []
     source = init_source(settings, assets)
     if source:
-        args += ["--checkpoint.enable", "--checkpoint.initial_load_path", source, "--checkpoint.initial_load_in_hf",
+        args += ["--checkpoint.enable", f"--checkpoint.initial_load_path={source}", "--checkpoint.initial_load_in_hf",
                  "--checkpoint.initial_load_model_only"]
         if not settings.checkpoint_dir:  # load the weights, write no checkpoints
             args += ["--checkpoint.load_only"]
@@ -150,17 +152,18 @@ def weights_args(settings: Settings, assets: str | None) -> list:
 
 
 def torchtitan_args(settings: Settings, kind: str, assets: str | None, cli_args=()) -> list:
+    """Paths go as `--flag=/absolute/path`: a path that starts with `-` would otherwise be read as a flag."""
     args = ["--training.steps", str(settings.steps)] if settings.steps else []
     if settings.compile:
         args += ["--compile.enable", "--compile.backend", COMPILE_BACKEND[kind]]
     if assets:
-        args += ["--hf_assets_path", assets]
+        args.append(f"--hf_assets_path={assets}")
         if VARIANTS[settings.variant].hf_config_arg:  # the model's config.json from the same folder, not the Hub
-            args += [VARIANTS[settings.variant].hf_config_arg, assets]
+            args.append(f"{VARIANTS[settings.variant].hf_config_arg}={assets}")
     refuse_owned_flags(settings.extra_args, "EXTRA_ARGS")
     refuse_owned_flags(cli_args, "the command line")
-    return args + checkpoint_args(settings) + weights_args(settings, assets) + [
-        "--dump_folder", settings.output_dir, *settings.extra_args, *cli_args]
+    return [*args, *checkpoint_args(settings), *weights_args(settings, assets),
+            f"--dump_folder={os.path.abspath(settings.output_dir)}", *settings.extra_args, *cli_args]
 
 
 # The compile caches the workers use, per device kind: variable -> folder under CACHE_DIR/<variant>/.
@@ -219,10 +222,13 @@ def build(settings: Settings, devices: Devices, environ, cli_args=()) -> Plan:
     rdzv = rendezvous.resolve(settings)
     nproc = process_count(settings, devices, rdzv)
     restarts = [f"--max-restarts={settings.max_restarts}"] if settings.max_restarts else []
+    # torchrun SIGKILLs its workers 30 s after it is stopped; the stop bound is STOP_GRACE (launch.py)
+    restarts.append(f"--shutdown-timeout={settings.stop_grace}")
     ranks = [] if settings.log_rank == "all" else ["--local-ranks-filter", settings.log_rank]
     assets = assets_path(settings, model)
     argv = (sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *rdzv.torchrun_args(),
-            *restarts, *ranks, "--role", "rank", "--tee", "3",
+            *restarts, f"--log-dir={os.path.join(os.path.abspath(settings.output_dir), 'torchrun')}",
+            *ranks, "--role", "rank", "--tee", "3",
             "-m", WORKER[devices.kind], "--module", settings.module, "--config", config,
             *torchtitan_args(settings, devices.kind, assets, cli_args))
     checkpoint_dir = os.path.abspath(settings.checkpoint_dir) if settings.checkpoint_dir else None

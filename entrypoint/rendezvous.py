@@ -2,8 +2,14 @@
 
 Each field is taken from the first source that sets it: the plain variable (NNODES, NODE_RANK, MASTER_ADDR,
 MASTER_PORT), then Kubeflow Trainer's PET_*, then Slurm's (SLURM_NNODES, SLURM_NODEID, the first host of
-SLURM_JOB_NODELIST). One node keeps the article's `--rdzv_endpoint localhost:0`; more use torchrun's c10d
-rendezvous at MASTER_ADDR:MASTER_PORT, hosted by node rank 0.
+SLURM_JOB_NODELIST). One node uses the article's c10d rendezvous on a free port of the loopback address,
+`--rdzv_endpoint 127.0.0.1:0 --local-addr 127.0.0.1`: torchrun otherwise names the store by the host name, which
+does not resolve under `docker run --network none`, and the rendezvous then waits forever. More nodes use c10d at
+MASTER_ADDR:MASTER_PORT, hosted by node rank 0, with `--local-addr LOCAL_ADDR` when it is set (e.g. the pod IP).
+
+The rendezvous id is RDZV_ID, else the job's id (SLURM_JOB_ID), else a hash of the settings every node must share
+(variant, scale, steps, EXTRA_ARGS, paths, the endpoint): two jobs meeting at one address do not share an id, and
+nodes started with different settings never meet.
 
 torchrun ignores `--node_rank` under c10d (it numbers nodes in the order they join, and warns that the flag is
 ignored), so the node rank is used where c10d does need it: node 0 hosts the rendezvous store
@@ -11,28 +17,40 @@ ignored), so the node rank is used where c10d does need it: node 0 hosts the ren
 MASTER_ADDR with this machine's names and addresses and can miss on hosts with several network interfaces.
 """
 
+import hashlib
 from dataclasses import dataclass
 
 from entrypoint.contract import Settings, UsageError
 
 DEFAULT_PORT = 29500
-DEFAULT_ID = "neuron-qwen3"
+LOOPBACK = "127.0.0.1"
+SHARED = ("variant", "scale", "compile", "steps", "extra_args", "checkpoint_dir", "checkpoint_interval",
+          "checkpoint_keep", "max_restarts", "nnodes", "pet_nnodes", "slurm_nnodes")  # the same on every node
 
 
 @dataclass(frozen=True)
 class Rendezvous:
     nnodes: int
     node_rank: int
-    endpoint: str  # host:port; `localhost:0` on one node (torchrun picks a free port)
+    endpoint: str  # host:port; `127.0.0.1:0` on one node (torchrun picks a free port)
     run_id: str | None  # None on one node
     sources: dict  # field -> the variable it came from, for the plan and the error lines
     nproc_per_node: int | None  # PET_NPROC_PER_NODE when it is a number; `auto` and unset are None
+    local_addr: str | None = None  # this node's address for its peers; 127.0.0.1 on one node
 
     def torchrun_args(self) -> list:
+        local = ["--local-addr", self.local_addr] if self.local_addr else []
         if self.nnodes == 1:
-            return ["--rdzv_backend", "c10d", "--rdzv_endpoint", self.endpoint]
+            return ["--rdzv_backend", "c10d", "--rdzv_endpoint", self.endpoint, *local]
         return [f"--nnodes={self.nnodes}", "--rdzv_backend", "c10d", "--rdzv_endpoint", self.endpoint,
-                "--rdzv_id", self.run_id, "--rdzv_conf", f"is_host={'true' if self.node_rank == 0 else 'false'}"]
+                "--rdzv_id", self.run_id, "--rdzv_conf", f"is_host={'true' if self.node_rank == 0 else 'false'}",
+                *local]
+
+
+def settings_id(settings: Settings, endpoint: str) -> str:
+    """`neuron-qwen3-<hash>` of what every node of one job shares: equal on the nodes of a job, not across jobs."""
+    shared = repr([getattr(settings, name) for name in SHARED] + [endpoint])
+    return "neuron-qwen3-" + hashlib.sha256(shared.encode()).hexdigest()[:12]
 
 
 def _first(*candidates):
@@ -50,7 +68,7 @@ def resolve(settings: Settings) -> Rendezvous:
     if nnodes in (None, 1):
         if rank not in (None, 0):
             raise UsageError(f"{rank_from}={rank} but the job has one node: node ranks start at 0")
-        return Rendezvous(1, 0, "localhost:0", None, {"nnodes": nnodes_from or "default"}, nproc)
+        return Rendezvous(1, 0, f"{LOOPBACK}:0", None, {"nnodes": nnodes_from or "default"}, nproc, LOOPBACK)
     if rank is None:
         raise UsageError(f"{nnodes_from}={nnodes} but this node's rank is unset: set NODE_RANK (0-{nnodes - 1})")
     if rank >= nnodes:
@@ -64,8 +82,9 @@ def resolve(settings: Settings) -> Rendezvous:
         raise UsageError(f"{nnodes_from}={nnodes} but no rendezvous host: set MASTER_ADDR to node 0's address")
     port, port_from = _first(("MASTER_PORT", s.master_port), ("PET_MASTER_PORT", s.pet_master_port),
                              ("default", DEFAULT_PORT))
-    run_id, id_from = _first(("RDZV_ID", s.rdzv_id), ("SLURM_JOB_ID", s.slurm_job_id), ("default", DEFAULT_ID))
     host = f"[{addr}]" if ":" in addr else addr  # an IPv6 address
+    run_id, id_from = _first(("RDZV_ID", s.rdzv_id), ("SLURM_JOB_ID", s.slurm_job_id),
+                             ("the shared settings", settings_id(s, f"{host}:{port}")))
     sources = {"nnodes": nnodes_from, "node_rank": rank_from, "master_addr": addr_from, "master_port": port_from,
                "run_id": id_from}
-    return Rendezvous(nnodes, rank, f"{host}:{port}", run_id, sources, nproc)
+    return Rendezvous(nnodes, rank, f"{host}:{port}", run_id, sources, nproc, s.local_addr)

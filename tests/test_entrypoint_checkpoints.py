@@ -4,6 +4,7 @@ The launcher reads them without torch; the fixture writes them with torch, as to
 Run: .venv/bin/python -m pytest tests/test_entrypoint_checkpoints.py -q
 """
 
+import errno
 import os
 import pickle
 import shutil
@@ -54,7 +55,6 @@ def test_metadata_ranges_are_really_read(folder):
 
 
 @pytest.mark.parametrize("damage, why", [
-    (lambda step: (step / ".metadata").unlink(), "no .metadata"),
     (lambda step: os.truncate(data_file(step), data_file(step).stat().st_size - 1), "bytes, .metadata needs"),
     (lambda step: data_file(step).unlink(), "is missing"),
     (lambda step: os.truncate(step / ".metadata", 100), "unreadable .metadata"),
@@ -73,7 +73,7 @@ def test_a_damaged_latest_checkpoint_is_skipped_and_moved_aside(folder, damage, 
 
 
 def test_only_node_zero_moves_anything(folder):
-    (folder / "step-20" / ".metadata").unlink()
+    os.truncate(data_file(folder / "step-20"), 10)
     latest, lines = checkpoints.prepare(str(folder), node_rank=1)
     assert latest == 10 and "skipped" in lines[0]
     assert (folder / "step-20").is_dir()
@@ -114,3 +114,64 @@ def test_metadata_never_runs_code_from_the_file(tmp_path):
     (step / ".metadata").write_bytes(pickle.dumps(Exploit()))
     assert checkpoints.problem(step) == "unrecognised .metadata (no storage_data)"
     assert not marker.exists()
+
+
+def test_a_save_still_being_written_is_left_in_place(folder):
+    """A folder without .metadata may be another process's save in flight (DCP writes .metadata last)."""
+    writing = folder / "step-30"
+    writing.mkdir()
+    shard = writing / "__0_0.distcp"
+    shard.write_bytes(b"half a shard")
+    latest, lines = checkpoints.prepare(str(folder), node_rank=0)
+    assert latest == 20 and shard.read_bytes() == b"half a shard"  # not moved: the writer's rename still works
+    assert len(lines) == 1 and "step-30" in lines[0] and "left in place" in lines[0]
+    assert not (folder / "incomplete").exists()
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EIO, errno.ESTALE])
+def test_a_read_error_stops_the_launch_and_moves_nothing(folder, monkeypatch, code):
+    real_open = open
+
+    def failing_open(path, *args, **kwargs):
+        if str(path).endswith("step-20/.metadata"):
+            raise OSError(code, os.strerror(code), str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoints, "open", failing_open, raising=False)
+    with pytest.raises(OSError) as raised:
+        checkpoints.prepare(str(folder), node_rank=0)
+    line = str(raised.value)
+    assert "step-20/.metadata" in line and errno.errorcode[code] in line and "nothing was moved" in line
+    assert "\n" not in line
+    assert sorted(p.name for p in folder.iterdir()) == ["step-10", "step-20"]
+
+
+def test_a_data_file_read_error_is_not_corruption(folder, monkeypatch):
+    real_getsize = os.path.getsize
+
+    def failing_getsize(path):
+        if str(path).endswith(".distcp"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+        return real_getsize(path)
+
+    monkeypatch.setattr(os.path, "getsize", failing_getsize)
+    with pytest.raises(OSError, match="EIO"):
+        checkpoints.prepare(str(folder), node_rank=0)
+    assert sorted(p.name for p in folder.iterdir()) == ["step-10", "step-20"]
+
+
+def test_incomplete_keeps_only_what_the_latest_launch_moved(folder):
+    earlier = folder / "incomplete" / "step-5.20250101T000000.1"
+    earlier.mkdir(parents=True)
+    (earlier / "__0_0.distcp").write_bytes(b"x" * 1000)
+    os.truncate(data_file(folder / "step-20"), 10)
+    _, lines = checkpoints.prepare(str(folder), node_rank=0)
+    assert [p.name.split(".")[0] for p in (folder / "incomplete").iterdir()] == ["step-20"]
+    assert f"deleted {earlier}: set aside by an earlier launch" in lines
+
+
+def test_nothing_broken_leaves_incomplete_alone(folder):
+    earlier = folder / "incomplete" / "step-5.20250101T000000.1"
+    earlier.mkdir(parents=True)
+    checkpoints.prepare(str(folder), node_rank=0)
+    assert earlier.is_dir()

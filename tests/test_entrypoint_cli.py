@@ -124,6 +124,7 @@ def test_list_and_help(tmp_path):
 
 
 def test_launch_line_redacts_the_token_and_returns_the_child_status(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(launch, "watch", lambda: None)  # leave pytest's own signal handlers alone
     monkeypatch.setattr(os, "environ", {"NEURON_QWEN3_ROOT": str(tmp_path), "HF_TOKEN": "hf_do_not_print",
                                         "EXTRA_ARGS": "--x hf_do_not_print", "SCALE": "smoke",
                                         "CACHE_DIR": str(tmp_path / "cache"), "OUTPUT_DIR": str(tmp_path / "out")})
@@ -133,7 +134,7 @@ def test_launch_line_redacts_the_token_and_returns_the_child_status(tmp_path, mo
     line = capsys.readouterr().out
     assert line.count("\n") == 1 and "torch.distributed.run" in line
     assert "hf_do_not_print" not in line and line.rstrip().endswith("--x ***")
-    assert launched[0][1]["HF_TOKEN"] == "hf_do_not_print"  # redacted in print only
+    assert "HF_TOKEN" not in launched[0][1]  # only the asset fetch gets it
     assert launched[0][2] == int(VAR["STOP_GRACE"].default)
 
 
@@ -173,7 +174,7 @@ def test_sigterm_reaches_child_and_grandchild_and_status_is_the_childs(tmp_path)
         time.sleep(0.01)
     try:
         launcher.send_signal(signal.SIGTERM)
-        assert launcher.wait(timeout=10) == 7
+        assert launcher.wait(timeout=10) == 143  # the child's 7 after a stop reads as stopped by SIGTERM
         assert (tmp_path / "child").read_text() == (tmp_path / "grandchild").read_text() == str(int(signal.SIGTERM))
     finally:  # on failure, leave no process behind
         launcher.kill()
@@ -186,3 +187,44 @@ def test_sigterm_reaches_child_and_grandchild_and_status_is_the_childs(tmp_path)
 @pytest.mark.parametrize("code, status", [("raise SystemExit(3)", 3), ("import os; os.kill(os.getpid(), 9)", 137)])
 def test_child_status_is_returned_unchanged(code, status):
     assert run_launcher("-c", code).wait(timeout=30) == status
+
+
+NEURON_LS_STUB = """#!/bin/sh
+touch "$STUB_DIR/neuron-ls.started"
+while [ ! -e "$STUB_DIR/release" ]; do sleep 0.02; done
+echo '[]'
+"""
+
+
+def test_sigterm_during_discovery_exits_143_and_launches_nothing(tmp_path):
+    """The launcher is PID 1 while neuron-ls runs: a stop then used to be lost and the job started anyway."""
+    stub = tmp_path / "bin" / "neuron-ls"
+    stub.parent.mkdir()
+    stub.write_text(NEURON_LS_STUB)
+    stub.chmod(0o755)
+    env = {"PATH": f"{stub.parent}:{os.environ['PATH']}", "STUB_DIR": str(tmp_path), "SCALE": "smoke",
+           "OUTPUT_DIR": str(tmp_path / "out"), "CACHE_DIR": str(tmp_path / "cache"), "PREFLIGHT": "warn"}
+    launcher = subprocess.Popen([sys.executable, "-m", "entrypoint"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "neuron-ls.started").exists():
+            assert time.monotonic() < deadline and launcher.poll() is None, "neuron-ls was never run"
+            time.sleep(0.01)
+        launcher.send_signal(signal.SIGTERM)
+        time.sleep(0.1)  # let the handler run while neuron-ls is still busy
+        (tmp_path / "release").touch()
+        out, err = launcher.communicate(timeout=30)
+        assert launcher.returncode == 143, err
+        assert "torch.distributed.run" not in out + err and "Traceback" not in err
+        assert "entrypoint: SIGTERM: stopping before the launch: nothing more is started" in err.splitlines()
+    finally:
+        launcher.kill()
+
+
+def test_a_token_with_a_trailing_newline_is_redacted_too():
+    """A Kubernetes secret made from a file keeps its newline; the token still shows up in text without it."""
+    token = "hf_from_a_file\n"
+    assert contract.redact("--x hf_from_a_file --y", token) == "--x *** --y"
+    assert contract.redact(f"env HF_TOKEN={token}", token) == "env HF_TOKEN=***"
+    assert contract.redact("nothing", " \n") == "nothing"

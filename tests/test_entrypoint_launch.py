@@ -34,7 +34,8 @@ worker = subprocess.Popen([sys.executable, "-c", WORKER, out, worker_on_term], s
 if agent_on_term == "ignore":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 else:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # like torchrun's SignalException, without waiting
+    # "exit": like torchrun's SignalException, without waiting; "done": a run that had just finished
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1 if agent_on_term == "exit" else 0))
 while not os.path.exists(os.path.join(out, "worker.pid")):
     time.sleep(0.01)
 open(os.path.join(out, "agent.pid"), "w").write(str(os.getpid()))
@@ -73,9 +74,9 @@ def kill(*pids):
 
 
 @pytest.mark.parametrize("agent_on_term, worker_on_term, status, killed", [
-    ("exit", "default", 1, False),  # everything stops on SIGTERM: no kill needed
-    ("exit", "ignore", 1, True),  # torchrun gone, a worker hangs on: killed at the deadline
-    ("ignore", "ignore", 137, True)])  # nothing stops: all killed at the deadline
+    ("exit", "default", 143, False),  # everything stops on SIGTERM: no kill needed; torchrun's 1 reads as a stop
+    ("exit", "ignore", 143, True),  # torchrun gone, a worker hangs on: killed at the deadline
+    ("ignore", "ignore", 143, True)])  # nothing stops: all killed at the deadline
 def test_sigterm_stops_everything_within_the_grace(tmp_path, agent_on_term, worker_on_term, status, killed):
     launcher, agent, worker = start(tmp_path, agent_on_term, worker_on_term)
     try:
@@ -124,7 +125,7 @@ def pid_namespace_available():
 
 
 @pytest.mark.skipif(not pid_namespace_available(), reason="needs `unshare --pid` (root or user namespaces)")
-@pytest.mark.parametrize("agent_on_term, worker_on_term, status", [("exit", "ignore", 1), ("exit", "default", 1)])
+@pytest.mark.parametrize("agent_on_term, worker_on_term, status", [("done", "ignore", 0), ("exit", "default", 143)])
 def test_as_pid_1_the_child_status_survives_reaping_orphans(tmp_path, agent_on_term, worker_on_term, status):
     """In a container the launcher is PID 1: orphaned workers become its children, and it reaps them all."""
     code = ("import os, sys; from entrypoint.launch import run; assert os.getpid() == 1; "
@@ -146,3 +147,45 @@ def test_as_pid_1_the_child_status_survives_reaping_orphans(tmp_path, agent_on_t
         assert time.monotonic() - started < GRACE + 1.5
     finally:  # killing PID 1 of the namespace ends every process in it
         kill(*[pid for pid in (pid_1, launcher.pid) if pid])
+
+
+def test_a_stop_before_the_launch_starts_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch, "stopped", signal.SIGTERM)
+    marker = tmp_path / "started"
+    assert launch.run([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], None) == 143
+    assert not marker.exists()
+
+
+RECORDER = """
+import os, signal, sys, time
+out = sys.argv[1]
+def note(signum, frame):
+    with open(os.path.join(out, "signals"), "a") as f:
+        f.write(signal.Signals(signum).name + "\\n")
+    if signum == signal.SIGTERM:
+        sys.exit(0)
+for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(signum, note)
+open(os.path.join(out, "ready"), "w").close()
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_sigusr1_and_sigusr2_are_not_forwarded(tmp_path):
+    code = "import sys; from entrypoint.launch import run; sys.exit(run(sys.argv[1:], None, 5))"
+    launcher = subprocess.Popen([sys.executable, "-c", code, sys.executable, "-c", RECORDER, str(tmp_path)],
+                                cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists():
+            assert time.monotonic() < deadline and launcher.poll() is None, "the child never got ready"
+            time.sleep(0.01)
+        for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):  # handled in this order by the launcher
+            launcher.send_signal(signum)
+            time.sleep(0.05)  # separate deliveries (same-numbered pending signals would merge)
+        assert launcher.wait(timeout=10) == 0  # the child finished cleanly after its SIGTERM
+        assert (tmp_path / "signals").read_text().split() == ["SIGTERM"]
+        assert "SIGUSR1 ignored" in launcher.stderr.read()
+    finally:
+        launcher.kill()

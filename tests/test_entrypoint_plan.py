@@ -16,8 +16,9 @@ from entrypoint.variants import RECIPE_MODULE, SCALES, VARIANTS
 DEVICES = {"neuron": Devices("neuron", 64, tuple(f"neuron{i}" for i in range(16)), 2),
            "cuda": Devices("cuda", 8, tuple(f"nvidia{i}" for i in range(8))),
            "cpu": Devices("cpu", os.cpu_count())}
-ARTICLE = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--local-ranks-filter", "0", "--role", "rank",
-           "--tee", "3"]
+ARTICLE = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
+           f"--shutdown-timeout={contract.parse({}).stop_grace}", f"--log-dir={os.path.abspath('outputs/torchrun')}",
+           "--local-ranks-filter", "0", "--role", "rank", "--tee", "3"]
 
 
 def build(kind, environ=None, **env):
@@ -27,7 +28,10 @@ def build(kind, environ=None, **env):
 
 
 def after(argv, flag):
-    return argv[argv.index(flag) + 1]
+    """The value of `flag`, given as `flag value` or `flag=value`."""
+    if flag in argv:
+        return argv[argv.index(flag) + 1]
+    return next(word.split("=", 1)[1] for word in argv if word.startswith(flag + "="))
 
 
 @pytest.mark.parametrize("kind", DEVICES)
@@ -37,16 +41,17 @@ def test_article_launch_for_every_platform_variant_and_scale(kind, variant, scal
     p = build(kind, VARIANT=variant.name, SCALE=scale)
     nproc = 1 if kind == "cpu" else DEVICES[kind].count
     worker = "neuron_qwen3.cpu_worker" if kind == "cpu" else "neuron_qwen3.trainer"
-    assert list(p.argv[:16]) == [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *ARTICLE,
-                                 "-m", worker]
-    assert p.argv[16:20] == ("--module", RECIPE_MODULE, "--config", variant.configs[scale])
+    n = 6 + len(ARTICLE)
+    assert list(p.argv[:n]) == [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *ARTICLE,
+                                "-m", worker]
+    assert p.argv[n:n + 4] == ("--module", RECIPE_MODULE, "--config", variant.configs[scale])
     assert (p.variant, p.scale, p.module, p.config, p.nproc) == (variant.name, scale, RECIPE_MODULE,
                                                                   variant.configs[scale], nproc)
-    assert after(p.argv, "--dump_folder") == "./outputs"
+    assert after(p.argv, "--dump_folder") == os.path.abspath("outputs")
     if scale == "full":
-        assert after(p.argv, "--hf_assets_path") == f"./assets/hf/{variant.hf_repo.split('/')[-1]}"
+        assert after(p.argv, "--hf_assets_path") == os.path.abspath(f"assets/hf/{variant.hf_repo.split('/')[-1]}")
     else:
-        assert "--hf_assets_path" not in p.argv
+        assert not [word for word in p.argv if word.startswith("--hf_assets_path")]
         assert p.env["HF_HUB_OFFLINE"] == p.env["HF_DATASETS_OFFLINE"] == "1"
     assert "--compile.enable" not in p.argv and "--training.steps" not in p.argv
 
@@ -103,12 +108,20 @@ def test_checkpoints_only_when_a_directory_is_given():
     assert after(p.argv, "--checkpoint.interval") == "25"                  # one under --dump_folder
     assert after(p.argv, "--checkpoint.keep_latest_k") == "4"
     assert "--checkpoint.enable" in p.argv and "--checkpoint.no-last-save-model-only" in p.argv
-    assert p.argv[-2:] == ("--x", "1")  # EXTRA_ARGS still last: they can override any of these
+    assert p.argv[-2:] == ("--x", "1")  # EXTRA_ARGS still last
+
+
+def test_paths_that_look_like_flags_stay_values():
+    """torchtitan would read `--dump_folder -o` as two flags; `--dump_folder=/abs/-o` is one value."""
+    argv = build("neuron", OUTPUT_DIR="-o", CHECKPOINT_DIR="-c", ASSETS_DIR="-a").argv
+    assert f"--dump_folder={os.path.abspath('-o')}" in argv and f"--checkpoint.folder={os.path.abspath('-c')}" in argv
+    assert f"--hf_assets_path={os.path.abspath('-a')}/Qwen3-4B" in argv
+    assert f"--log-dir={os.path.abspath('-o')}/torchrun" in argv  # every rank's log, kept with the outputs
 
 
 def test_max_restarts_and_its_store_per_attempt():
     p = build("cpu", MAX_RESTARTS="2")
-    assert p.argv[p.argv.index("--rdzv_endpoint") + 2] == "--max-restarts=2"
+    assert p.argv[p.argv.index("--rdzv_endpoint") + 4] == "--max-restarts=2"
     assert p.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     plain = build("cpu")
     assert not [a for a in plain.argv if a.startswith("--max-restarts")]

@@ -27,8 +27,10 @@ def test_one_node_keeps_the_articles_endpoint():
                 {"SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "trn-001"},
                 {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"}):
         found = resolve(**env)
-        assert (found.nnodes, found.node_rank, found.endpoint) == (1, 0, "localhost:0"), env
-        assert found.torchrun_args() == ["--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0"]
+        assert (found.nnodes, found.node_rank, found.endpoint) == (1, 0, "127.0.0.1:0"), env
+        # the loopback address, never the host name: it does not resolve under `docker run --network none`
+        assert found.torchrun_args() == ["--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:0",
+                                         "--local-addr", "127.0.0.1"]
 
 
 def test_plain_variables():
@@ -45,9 +47,24 @@ def test_kubeflow_trainer():
     pet = dict(PET_NNODES="2", PET_NODE_RANK="1", PET_MASTER_ADDR="qwen3-native-node-0-0.qwen3-native",
                PET_MASTER_PORT="29400", PET_NPROC_PER_NODE="auto")
     found = resolve(**pet)
-    assert (found.nnodes, found.node_rank, found.endpoint, found.run_id, found.nproc_per_node) == (
-        2, 1, "qwen3-native-node-0-0.qwen3-native:29400", "neuron-qwen3", None)
+    assert (found.nnodes, found.node_rank, found.endpoint, found.nproc_per_node) == (
+        2, 1, "qwen3-native-node-0-0.qwen3-native:29400", None)
     assert found.sources["master_addr"] == "PET_MASTER_ADDR"
+    assert found.run_id == resolve(**{**pet, "PET_NODE_RANK": "0"}).run_id  # every node of the job meets
+    assert found.run_id.startswith("neuron-qwen3-") and found.sources["run_id"] == "the shared settings"
+
+
+@pytest.mark.parametrize("other", [{"STEPS": "5"}, {"EXTRA_ARGS": "--x 1"}, {"VARIANT": "nki_moe"},
+                                   {"PET_MASTER_ADDR": "other-job-node-0-0.other-job"}])
+def test_the_default_rendezvous_id_differs_between_jobs_and_settings(other):
+    pet = dict(PET_NNODES="2", PET_NODE_RANK="1", PET_MASTER_ADDR="job-node-0-0.job")
+    assert resolve(**pet).run_id != resolve(**{**pet, **other}).run_id
+
+
+def test_local_addr_for_a_node_of_a_multi_node_job():
+    found = resolve(NNODES="2", NODE_RANK="1", MASTER_ADDR="h", LOCAL_ADDR="10.0.3.7")
+    assert found.torchrun_args()[-2:] == ["--local-addr", "10.0.3.7"]
+    assert "--local-addr" not in resolve(NNODES="2", NODE_RANK="1", MASTER_ADDR="h").torchrun_args()
 
 
 def test_slurm_first_host_of_the_node_list():
@@ -82,7 +99,8 @@ BAD = [("NNODES", "0"), ("NNODES", "two"), ("NODE_RANK", "-1"), ("MASTER_ADDR", 
        ("PET_NNODES", "1:4"), ("PET_NODE_RANK", "x"), ("PET_MASTER_PORT", "-1"), ("PET_NPROC_PER_NODE", "gpu"),
        ("PET_NPROC_PER_NODE", "0"), ("SLURM_NNODES", ""), ("SLURM_NODEID", "a"), ("SLURM_JOB_NODELIST", "trn-[3-1]"),
        ("SLURM_JOB_NODELIST", "trn-[1-2"), ("SLURM_JOB_NODELIST", "a,,b"), ("SLURM_JOB_NODELIST", "a[]"),
-       ("SLURM_JOB_NODELIST", "a[1-]"), ("SLURM_JOB_NODELIST", "a[x]"), ("SLURM_JOB_ID", "1 2")]
+       ("SLURM_JOB_NODELIST", "a[1-]"), ("SLURM_JOB_NODELIST", "a[x]"), ("SLURM_JOB_ID", "1 2"),
+    ("LOCAL_ADDR", "bad host")]
 
 
 @pytest.mark.parametrize("name, raw", BAD)
@@ -110,9 +128,10 @@ def test_plan_for_a_node_of_a_kubeflow_job():
                PET_NPROC_PER_NODE="auto")
     built = plan.build(contract.parse(env), NEURON, env)
     assert built.nproc == 64  # auto: every NeuronCore found
-    assert list(built.argv[3:15]) == ["--nproc_per_node=64", "--nnodes=2", "--rdzv_backend", "c10d",
-                                      "--rdzv_endpoint", "job-node-0-0.job:29500", "--rdzv_id", "neuron-qwen3",
-                                      "--rdzv_conf", "is_host=true", "--local-ranks-filter", "0"]
+    assert list(built.argv[3:14]) == ["--nproc_per_node=64", "--nnodes=2", "--rdzv_backend", "c10d",
+                                      "--rdzv_endpoint", "job-node-0-0.job:29500", "--rdzv_id",
+                                      built.rendezvous.run_id, "--rdzv_conf", "is_host=true",
+                                      f"--shutdown-timeout={VAR['STOP_GRACE'].default}"]
     assert plan.build(contract.parse({**env, "PET_NPROC_PER_NODE": "16"}), NEURON, env).nproc == 16
     assert plan.build(contract.parse({**env, "PET_NPROC_PER_NODE": "16", "NPROC": "8"}), NEURON, env).nproc == 8
     with pytest.raises(contract.UsageError, match="PET_NPROC_PER_NODE=65 is more than the 64 logical NeuronCores"):

@@ -127,7 +127,12 @@ def test_trainjob_volumes_shm_and_stop_bound(trainjob):
         mount = next((path for path in mounts if env[name] == path or env[name].startswith(path + "/")), None)
         assert mount and "persistentVolumeClaim" in volumes[mounts[mount]], f"{name}={env[name]} is not on a volume"
     assert int(env["STOP_GRACE"]) + 5 <= spec["terminationGracePeriodSeconds"]
+    assert int(env["STOP_GRACE"]) >= 60  # the step in flight and a full-scale save on stop must fit
     assert spec["securityContext"]["fsGroup"] == 10001
+    assert spec["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
+    assert spec["containers"][0]["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 10001, "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
     claims = {v["persistentVolumeClaim"]["claimName"] for v in volumes.values() if "persistentVolumeClaim" in v}
     pvcs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "pvcs.yaml").read_text()))
     assert {p["metadata"]["name"] for p in pvcs} == claims
@@ -142,7 +147,10 @@ FAKE_SRUN = """#!/bin/bash
 printf '%s\\n' "$@" > "$FAKE_SRUN_LOG"
 while [[ $# -gt 0 && $1 == -* ]]; do shift; done
 [[ -n ${FAKE_SRUN_EXEC:-} ]] && SLURM_NODEID=$FAKE_NODEID exec "$@"
-exit 0
+exit ${FAKE_SRUN_STATUS:-0}
+"""
+FAKE_SCONTROL = """#!/bin/bash
+printf '%s\\n' "$@" > "$FAKE_SCONTROL_LOG"
 """
 
 
@@ -161,7 +169,9 @@ def srun(tmp_path):
     fake = tmp_path / "bin" / "srun"
     fake.write_text(FAKE_SRUN)
     fake.chmod(0o755)
-    return {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "FAKE_SRUN_LOG": str(tmp_path / "srun"),
+    (tmp_path / "bin" / "scontrol").write_text(FAKE_SCONTROL)
+    (tmp_path / "bin" / "scontrol").chmod(0o755)
+    return {"FAKE_SCONTROL_LOG": str(tmp_path / "scontrol"), "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "FAKE_SRUN_LOG": str(tmp_path / "srun"),
             "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "trn-[001-002]", "SLURM_JOB_ID": "4242", "SLURM_NODEID": "0",
             "SLURM_JOB_NAME": "qwen3", "SHARED": str(tmp_path / "fsx")}
 
@@ -173,6 +183,17 @@ def test_sbatch_runs_the_image_launcher_through_pyxis(srun, tmp_path):
     assert f"--container-image={tmp_path}/fsx/neuron-qwen3.sqsh" in args
     assert f"--container-mounts={tmp_path}/fsx:/data" in args and "--ntasks-per-node=1" in args
     assert args[-4:] == ["python3", "-m", "entrypoint", "--dry-run"]
+
+
+@pytest.mark.parametrize("status, requeued", [(143, True), (0, False), (1, False)])
+def test_sbatch_asks_for_sigterm_before_the_limit_and_requeues_a_stopped_job(srun, tmp_path, status, requeued):
+    assert re.search(r"^#SBATCH --signal=TERM@\d+$", SBATCH.read_text(), re.M)  # TERM: the launcher ignores USR1
+    result = subprocess.run(["bash", str(SBATCH)], env={**srun, "FAKE_SRUN_STATUS": str(status)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == status
+    assert (tmp_path / "scontrol").exists() is requeued
+    if requeued:
+        assert (tmp_path / "scontrol").read_text().split() == ["requeue", "4242"]
 
 
 def test_sbatch_without_image_gives_the_launcher_a_slurm_rendezvous(srun, tmp_path):
@@ -311,7 +332,7 @@ def test_sigterm_stops_within_the_bound_and_a_restart_resumes(tmp_path, cache):
     run2 = ANSI.sub("", second.stdout + second.stderr)
     assert second.returncode == 0, run2[-3000:]
     warnings = [line for line in second.stderr.splitlines() if line.startswith("entrypoint: warning: checkpoint")]
-    assert len(warnings) == 1 and f"step-{last_good + 3} is incomplete" in warnings[0], second.stderr[-2000:]
+    assert len(warnings) == 1 and f"step-{last_good + 3} is broken" in warnings[0], second.stderr[-2000:]
     assert f"entrypoint: checkpoints: resuming from step {last_good}" in second.stdout
     assert f"Loading the checkpoint from {ckpt}/step-{last_good}." in run2
     resumed = [step for step, _ in losses(run2)]

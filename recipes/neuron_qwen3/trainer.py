@@ -17,20 +17,34 @@ from torchtitan.observability import structured_logger as sl
 from torchtitan.tools.logging import init_logger, logger
 from torchtitan.trainer import Trainer
 
-from neuron_qwen3 import weights
+from neuron_qwen3 import stop, weights
 
 
 class RunHooks(Trainer):
     """The project's overrides of torchtitan's Trainer; mixed in by `with_run_hooks`."""
 
     def __init__(self, config):
+        self.stop_watch = stop.StopWatch()  # first: a signal during set-up ends the run at the first boundary
         weights.hf_compatible(config)  # before the model is built (weights.py)
         super().__init__(config)
+        self.stop_watch.join()
+        self.first_step = None
 
     def train(self):
         weights.check_coverage(self)  # before the initial load reads Hugging Face keys
         super().train()
-        weights.export(self)  # EXPORT_DIR: also when the data ran out before training.steps
+        weights.export(self)  # EXPORT_DIR: also when the data ran out before training.steps; not after a stop
+
+    def should_continue_training(self) -> bool:
+        """torchtitan's test, plus save on stop (stop.py) at each step boundary."""
+        if self.first_step is None:
+            self.first_step = self.step  # the loaded step: the loop has not begun
+        if not super().should_continue_training():
+            return False
+        signum = self.stop_watch.agreed()
+        if signum:
+            stop.stop_now(self.stop_watch, signum, self.checkpointer, self.step, self.first_step)
+        return True
 
 
 def with_run_hooks(owner: type) -> type:

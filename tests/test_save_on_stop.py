@@ -1,0 +1,138 @@
+"""Nothing lost on a stop: SIGTERM mid-run, restart with the same environment, the same run as without the stop.
+
+For each case one uninterrupted run (the baseline), one run stopped by SIGTERM to the launcher after step 1 is
+logged, and one restart with the very same environment. The stop lands at the step boundary after the signal (step
+2 on any machine where a step takes longer than delivering a signal), which is not a multiple of the interval (3),
+so only the save on stop can have written it. On CPU with a fixed seed the resumed run is bitwise the same: the
+printed losses match as strings, and the final checkpoints (model, optimizer, schedule, data-loader position)
+hold identical tensors. Real torchrun runs on CPU (gloo); about 10-20 s each.
+Run: .venv/bin/python -m pytest tests/test_save_on_stop.py -q -s   (-s prints the stop-to-exit figures)
+"""
+
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from conftest import REPO, worker_env
+
+from entrypoint import checkpoints
+
+pytestmark = pytest.mark.training
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+STEP_LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
+STOPPED_AT = re.compile(r"stop: SIGTERM at step (\d+): saved step-\d+")
+STEPS, INTERVAL, SIGNAL_AFTER = 6, 3, 1
+STOP_GRACE = 120  # generous: a loaded CI machine must not turn the save into a kill (the bound is launch.py's test)
+CASES = [("native", 1), ("native", 2), ("nki_moe", 1)]
+
+
+def losses(output: str) -> dict[int, str]:
+    """{step: loss as printed}: compared as text, so equal means bitwise equal to the printed precision."""
+    return {int(step): loss for step, loss in STEP_LOSS.findall(ANSI.sub("", output))}
+
+
+def env_for(tmp, name, variant, nproc):
+    return worker_env(VARIANT=variant, SCALE="smoke", NPROC=str(nproc), STEPS=str(STEPS),
+                      CHECKPOINT_INTERVAL=str(INTERVAL), OUTPUT_DIR=f"{tmp}/{variant}-{nproc}-{name}/out",
+                      CHECKPOINT_DIR=f"{tmp}/{variant}-{nproc}-{name}/checkpoint", CACHE_DIR=f"{tmp}/cache",
+                      PREFLIGHT="warn", STOP_GRACE=str(STOP_GRACE))
+
+
+def launch(env, stop_after=None):
+    """Run the launcher; with `stop_after`, SIGTERM it once that step's loss is logged. Returns (status, output,
+    seconds from the signal to the launcher's exit)."""
+    launcher = subprocess.Popen([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    lines, signalled = [], None
+    try:
+        for line in launcher.stdout:
+            lines.append(line)
+            step = STEP_LOSS.search(ANSI.sub("", line))
+            if stop_after and signalled is None and step and int(step[1]) == stop_after:
+                launcher.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+        status = launcher.wait(timeout=600)
+    finally:
+        launcher.kill()
+    return status, "".join(lines), (time.monotonic() - signalled if signalled else None)
+
+
+@functools.cache
+def runs(tmp, variant, nproc):
+    """(baseline, stopped, resumed) of one case, each (status, output, stop-to-exit seconds); the env; the
+    checkpoint folder as the stop left it."""
+    baseline = launch(env_for(tmp, "baseline", variant, nproc))
+    env = env_for(tmp, "stopped", variant, nproc)
+    stopped = launch(env, stop_after=SIGNAL_AFTER)
+    left = checkpoints.scan(env["CHECKPOINT_DIR"])
+    resumed = launch(env)
+    return baseline, stopped, resumed, env, left
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("stop"))
+
+
+def final_state(checkpoint_dir, out):
+    dcp_to_torch_save(os.path.join(checkpoint_dir, f"step-{STEPS}"), out)
+    return torch.load(out, weights_only=False)
+
+
+def same(a, b, path="") -> list:
+    """The paths where two nested checkpoint states differ (tensors compared bitwise)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        equal = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+        return [] if equal else [path]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{path}: keys {sorted(set(a) ^ set(b))}"]
+        return [diff for key in a for diff in same(a[key], b[key], f"{path}/{key}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return [diff for i, (x, y) in enumerate(zip(a, b)) for diff in same(x, y, f"{path}[{i}]")]
+    return [] if a == b else [path]
+
+
+@pytest.mark.parametrize("variant, nproc", CASES)
+def test_a_stop_saves_the_current_step_and_exits_143(tmp, variant, nproc):
+    _, (status, output, took), _, _, left = runs(tmp, variant, nproc)
+    assert status == 143, output[-3000:]
+    stop = STOPPED_AT.search(output)
+    assert stop, output[-3000:]
+    k = int(stop[1])
+    assert k % INTERVAL and k < STEPS, f"stopped at step {k}: not a save only the stop can have written"
+    assert sorted(losses(output)) == list(range(1, k + 1))  # it finished the step it was in, and began no other
+    assert left.latest == k and not left.broken  # complete: .metadata and every byte range it names
+    assert "killing process groups" not in output  # everything ended by itself, no SIGKILL at the grace
+    detail = re.search(r"stop: .*", ANSI.sub("", output))[0]
+    print(f"\n{variant} x{nproc}: SIGTERM to the launcher -> exit 143 in {took:.2f} s; worker: {detail}")
+
+
+@pytest.mark.parametrize("variant, nproc", CASES)
+def test_the_restart_continues_at_the_next_step_with_the_same_losses(tmp, variant, nproc):
+    (base_status, base_out, _), (_, stopped_out, _), (status, output, _), *_ = runs(tmp, variant, nproc)
+    assert base_status == 0 and status == 0, output[-3000:]
+    k = int(STOPPED_AT.search(stopped_out)[1])
+    assert f"Training starts at step {k + 1}" in ANSI.sub("", output)
+    resumed, baseline = losses(output), losses(base_out)
+    assert sorted(resumed) == list(range(k + 1, STEPS + 1))
+    assert {step: baseline[step] for step in resumed} == resumed  # step for step, as printed
+    assert {step: baseline[step] for step in range(1, k + 1)} == losses(stopped_out)
+
+
+@pytest.mark.parametrize("variant, nproc", CASES)
+def test_the_resumed_run_ends_bitwise_where_the_uninterrupted_one_does(tmp, variant, nproc):
+    *_, env, _ = runs(tmp, variant, nproc)
+    resumed = final_state(env["CHECKPOINT_DIR"], f"{tmp}/{variant}-{nproc}-resumed.pt")
+    baseline = final_state(env_for(tmp, "baseline", variant, nproc)["CHECKPOINT_DIR"], f"{tmp}/{variant}-{nproc}-base.pt")
+    assert any(key.startswith("optimizer") for key in resumed) and "dataloader" in str(sorted(resumed))
+    assert same(baseline, resumed) == []
