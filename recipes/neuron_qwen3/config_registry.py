@@ -48,14 +48,21 @@ def _hf_assets(repo_name: str) -> str:
     return os.path.abspath(f"./assets/hf/{repo_name}")
 
 
+def _observed(metrics: MetricsProcessor.Config) -> MetricsProcessor.Config:
+    """TensorBoard always ($OUTPUT_DIR/tb); Weights & Biases only when asked for (a key, or offline mode)."""
+    wandb = bool(os.environ.get("WANDB_API_KEY")) or os.environ.get("WANDB_MODE") == "offline"
+    return dataclasses.replace(metrics, enable_tensorboard=True, save_tb_folder="tb", enable_wandb=wandb)
+
+
 def _article_training(config: Trainer.Config) -> Trainer.Config:
-    """What the article sets on every way: c4, 10 steps, local batch 1, FSDP over every rank."""
+    """What the article sets on every way: c4, 10 steps, local batch 1, FSDP over every rank; runs observed."""
     # The article trains on "c4_test", a fixture of torchtitan's git repository that the 0.3.0
     # wheel does not ship; the full configs use the "c4" loader (allenai/c4, streamed) instead.
     config.dataloader = HuggingFaceTextDataLoader.Config(dataset="c4")
     config.training.steps = 10
     config.training.local_batch_size = 1
     config.parallelism.data_parallel_shard_degree = -1
+    config.metrics = _observed(config.metrics)
     return config
 
 
@@ -103,7 +110,7 @@ def _smoke_training(config: Trainer.Config) -> Trainer.Config:
     config.training.local_batch_size = 2
     config.training.seq_len = 256
     config.lr_scheduler = LRSchedulersContainer.Config(warmup_steps=2, decay_ratio=0.8, decay_type="linear")
-    config.metrics = MetricsProcessor.Config(log_freq=1)
+    config.metrics = dataclasses.replace(config.metrics, log_freq=1)
     config.debug.seed = 0
     return config
 

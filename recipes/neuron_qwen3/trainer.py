@@ -17,9 +17,19 @@ from torchtitan.observability import structured_logger as sl
 from torchtitan.tools.logging import init_logger, logger
 from torchtitan.trainer import Trainer
 
+from neuron_qwen3 import report
+
 
 class RunHooks(Trainer):
     """The project's overrides of torchtitan's Trainer; mixed in by `with_run_hooks`."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.report = report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
+
+    def train(self):
+        with self.report.watch():  # summary.json says whether the run finished, stopped or failed
+            super().train()
 
 
 def with_run_hooks(owner: type) -> type:
