@@ -49,7 +49,7 @@ def process_count(settings: Settings, devices: Devices, rdzv: rendezvous.Rendezv
 
 def assets_path(settings: Settings) -> str | None:
     """Where the full-scale assets of the variant live: $ASSETS_DIR/<repo name>, as `hf download --local-dir`."""
-    if settings.scale != "full":  # smoke configs carry their own bundled assets
+    if settings.scale != "full":  # smoke and bench configs carry their own bundled assets
         return None
     return os.path.join(settings.assets_dir, VARIANTS[settings.variant].hf_repo.rsplit("/", 1)[-1])
 
@@ -100,7 +100,7 @@ def env_additions(settings: Settings, devices: Devices, nproc: int, environ) -> 
         env["NEURON_QWEN3_DEVICE"] = devices.kind
         if devices.kind == "cpu":
             defaults["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    if settings.scale == "smoke":  # smoke runs never touch the network
+    if settings.scale != "full":  # smoke and bench runs (bundled assets) never touch the network
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     if settings.max_restarts:
         # torchrun keeps one rendezvous store across worker restarts by default, and restarted gloo workers then

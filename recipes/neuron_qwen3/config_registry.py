@@ -115,16 +115,15 @@ def _smoke_training(config: Trainer.Config) -> Trainer.Config:
     return config
 
 
-def _smoke_qwen3(moe: bool) -> Qwen3Model.Config:
-    """A two-layer Qwen3 built by torchtitan's own layer builders, dense or MoE."""
-    s = SMOKE
+def _small_qwen3(s: dict, moe: dict | None) -> Qwen3Model.Config:
+    """A Qwen3 of shape `s` built by torchtitan's own layer builders, dense or (with `moe`) MoE."""
     common = dict(
         n_layers=s["n_layers"], dim=s["dim"], n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"],
         head_dim=s["head_dim"], attn_backend="flex",
         rope=CosSinRoPE.Config(dim=s["head_dim"], max_seq_len=4096, theta=1000000.0),
     )
     if moe:
-        layers = _build_qwen3_moe_layers(**common, **SMOKE_MOE, moe_comm_backend="standard")
+        layers = _build_qwen3_moe_layers(**common, **moe, moe_comm_backend="standard")
     else:
         layers = _build_qwen3_layers(**common, hidden_dim=s["hidden_dim"])
     return Qwen3Model.Config(
@@ -140,9 +139,9 @@ def _smoke_qwen3(moe: bool) -> Qwen3Model.Config:
     )
 
 
-def _with_smoke_model(config: Trainer.Config, flavor: str, moe: bool) -> Trainer.Config:
+def _with_small_model(config: Trainer.Config, flavor: str, shape: dict, moe: dict | None) -> Trainer.Config:
     base = model_registry("debugmodel_moe" if moe else "debugmodel")
-    config.model_spec = dataclasses.replace(base, flavor=flavor, model=_smoke_qwen3(moe))
+    config.model_spec = dataclasses.replace(base, flavor=flavor, model=_small_qwen3(shape, moe))
     config.loss = ChunkedLossWrapper.Config(
         loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(config.model_spec))
     )
@@ -156,11 +155,11 @@ def v5_qwen3_smoke() -> TransformersBackendConfig:
 
 
 def native_qwen3_smoke() -> Trainer.Config:
-    return _with_smoke_model(native_qwen3_4b(), "smoke", moe=False)
+    return _with_small_model(native_qwen3_4b(), "smoke", SMOKE, None)
 
 
 def nki_moe_qwen3_smoke() -> Trainer.Config:
-    return _with_smoke_model(nki_moe_qwen3_30b_a3b(), "smoke_moe", moe=True)
+    return _with_small_model(nki_moe_qwen3_30b_a3b(), "smoke_moe", SMOKE, SMOKE_MOE)
 
 
 def native_moe_qwen3_smoke() -> Trainer.Config:
@@ -168,3 +167,32 @@ def native_moe_qwen3_smoke() -> Trainer.Config:
     config = nki_moe_qwen3_smoke()
     config.override.imports = []
     return config
+
+
+# ---- bench twins: big enough that matmuls, not start-up, set the throughput on a CPU -----------------------
+
+# A 0.2B dense Qwen3 (Qwen3-0.6B's width, 16 layers, the bundled 2048-token vocabulary); the MoE twin has 0.35B
+# parameters of which 0.13B are active per token (8 experts, top 2). Sequence 2048, local batch 1.
+BENCH = dict(dim=1024, n_layers=16, n_heads=8, n_kv_heads=4, head_dim=128, hidden_dim=3072, vocab_size=2048)
+BENCH_MOE = dict(num_experts=8, top_k=2, moe_hidden_dim=768)
+BENCH_HF_MODEL = ASSETS / "hf_qwen3_bench"  # config.json of the dense bench shape as a Qwen3ForCausalLM
+
+
+def _bench(config: Trainer.Config) -> Trainer.Config:
+    config.training.local_batch_size = 1
+    config.training.seq_len = 2048
+    return config
+
+
+def v5_qwen3_bench() -> TransformersBackendConfig:
+    config = _bench(v5_qwen3_smoke())
+    config.hf_model = str(BENCH_HF_MODEL)
+    return config
+
+
+def native_qwen3_bench() -> Trainer.Config:
+    return _bench(_with_small_model(native_qwen3_4b(), "bench", BENCH, None))
+
+
+def nki_moe_qwen3_bench() -> Trainer.Config:
+    return _bench(_with_small_model(nki_moe_qwen3_30b_a3b(), "bench_moe", BENCH, BENCH_MOE))

@@ -15,6 +15,7 @@ HERE = Path(__file__).parent
 CORPUS = HERE / "corpus" / "train.jsonl"
 TOKENIZER_DIR = HERE / "tokenizer"
 HF_MODEL_DIR = HERE / "hf_qwen3_tiny"
+HF_BENCH_DIR = HERE / "hf_qwen3_bench"  # the bench scale's shape (config_registry.BENCH), for the v5 variant
 VOCAB_SIZE = 2048
 NUM_DOCUMENTS = 3000
 EOS = "<|endoftext|>"
@@ -73,18 +74,18 @@ def make_tokenizer(docs: list[str]) -> Tokenizer:
     return tok
 
 
-def tiny_hf_qwen3_config(eos_id: int) -> dict:
-    """A Qwen3ForCausalLM config.json at smoke size, for the v5 variant's AutoConfig offline."""
+def tiny_hf_qwen3_config(eos_id: int, dim=128, hidden=384, layers=2, heads=4, kv_heads=2, head_dim=32) -> dict:
+    """A Qwen3ForCausalLM config.json (smoke size by default), for the v5 variant's AutoConfig offline."""
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         "vocab_size": VOCAB_SIZE,
-        "hidden_size": 128,
-        "intermediate_size": 384,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
+        "hidden_size": dim,
+        "intermediate_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
         "max_position_embeddings": 4096,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         "rms_norm_eps": 1e-6,
@@ -94,6 +95,12 @@ def tiny_hf_qwen3_config(eos_id: int) -> dict:
         "eos_token_id": eos_id,
         "torch_dtype": "float32",
     }
+
+
+def write_bench_config(eos_id: int) -> None:
+    HF_BENCH_DIR.mkdir(parents=True, exist_ok=True)
+    bench = tiny_hf_qwen3_config(eos_id, dim=1024, hidden=3072, layers=16, heads=8, kv_heads=4, head_dim=128)
+    (HF_BENCH_DIR / "config.json").write_text(json.dumps(bench, indent=2) + "\n")
 
 
 def main() -> None:
@@ -110,6 +117,7 @@ def main() -> None:
     HF_MODEL_DIR.mkdir(parents=True, exist_ok=True)
     hf_config = tiny_hf_qwen3_config(tokenizer.token_to_id(EOS))
     (HF_MODEL_DIR / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    write_bench_config(tokenizer.token_to_id(EOS))
     print(f"wrote {len(docs)} documents to {CORPUS} and a {VOCAB_SIZE}-token tokenizer to {TOKENIZER_DIR}")
 
 
