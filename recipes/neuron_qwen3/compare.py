@@ -63,6 +63,7 @@ def compare(folders, plot: Path | None = None, stream=None) -> dict:
     runs, curves = {}, {}
     for folder in folders:
         summary, records = load(folder)
+        folder = Path(folder).parent if (Path(folder) / "summary.json").exists() else Path(folder)  # the run's
         name = label(summary, folder)
         if name in runs:  # e.g. two runs of one variant: tell them apart by folder
             name = f"{name} ({Path(folder).resolve().name})"
