@@ -12,6 +12,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+import torch
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import LRSchedulersContainer
@@ -169,30 +170,50 @@ def native_moe_qwen3_smoke() -> Trainer.Config:
     return config
 
 
-# ---- bench twins: big enough that matmuls, not start-up, set the throughput on a CPU -----------------------
+# ---- bench twins: big enough that matmuls, not start-up, set the throughput ------------------------------
 
-# A 0.2B dense Qwen3 (Qwen3-0.6B's width, 16 layers, the bundled 2048-token vocabulary); the MoE twin has 0.35B
-# parameters of which 0.13B are active per token (8 experts, top 2). Sequence 2048, local batch 1.
+# Sized for the device found. CPU: a 0.2B dense Qwen3 (Qwen3-0.6B's width, 16 layers, the bundled 2048-token
+# vocabulary), its MoE twin 0.35B with 0.13B active (8 experts, top 2), sequence 2048. With an accelerator:
+# Qwen3-1.7B's shape (its 151,936-token vocabulary too), the MoE twin 4.2B with the dense model's active width
+# (32 experts of 768, top 8), sequence 4096, in torchtitan's default precision (FSDP, bf16 parameters in
+# compute; fp32 on CPU). The bundled tokenizer and corpus either way: no network.
 BENCH = dict(dim=1024, n_layers=16, n_heads=8, n_kv_heads=4, head_dim=128, hidden_dim=3072, vocab_size=2048)
 BENCH_MOE = dict(num_experts=8, top_k=2, moe_hidden_dim=768)
-BENCH_HF_MODEL = ASSETS / "hf_qwen3_bench"  # config.json of the dense bench shape as a Qwen3ForCausalLM
+BENCH_ACCELERATOR = dict(dim=2048, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, hidden_dim=6144,
+                         vocab_size=151936)
+BENCH_ACCELERATOR_MOE = dict(num_experts=32, top_k=8, moe_hidden_dim=768)
+# config.json of each dense bench shape as a Qwen3ForCausalLM, for the v5 variant (assets/make_assets.py)
+BENCH_HF_MODEL = {False: ASSETS / "hf_qwen3_bench", True: ASSETS / "hf_qwen3_bench_accelerator"}
+
+
+def _accelerator() -> bool:
+    return torch._utils._get_available_device_type() is not None  # as cpu_adapter.needed() asks
 
 
 def _bench(config: Trainer.Config) -> Trainer.Config:
     config.training.local_batch_size = 1
-    config.training.seq_len = 2048
+    config.training.seq_len = 4096 if _accelerator() else 2048
+    if not _accelerator():  # bf16 matmuls on a CPU without bf16 units run ~100x slower than fp32 (AVX2 here)
+        config.training.mixed_precision_param = "float32"
     return config
+
+
+def _bench_model(config: Trainer.Config, flavor: str, moe: bool) -> Trainer.Config:
+    big = _accelerator()
+    shape = BENCH_ACCELERATOR if big else BENCH
+    experts = (BENCH_ACCELERATOR_MOE if big else BENCH_MOE) if moe else None
+    return _bench(_with_small_model(config, flavor, shape, experts))
 
 
 def v5_qwen3_bench() -> TransformersBackendConfig:
     config = _bench(v5_qwen3_smoke())
-    config.hf_model = str(BENCH_HF_MODEL)
+    config.hf_model = str(BENCH_HF_MODEL[_accelerator()])
     return config
 
 
 def native_qwen3_bench() -> Trainer.Config:
-    return _bench(_with_small_model(native_qwen3_4b(), "bench", BENCH, None))
+    return _bench_model(native_qwen3_4b(), "bench", moe=False)
 
 
 def nki_moe_qwen3_bench() -> Trainer.Config:
-    return _bench(_with_small_model(nki_moe_qwen3_30b_a3b(), "bench_moe", BENCH, BENCH_MOE))
+    return _bench_model(nki_moe_qwen3_30b_a3b(), "bench_moe", moe=True)

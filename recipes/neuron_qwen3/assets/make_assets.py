@@ -15,7 +15,8 @@ HERE = Path(__file__).parent
 CORPUS = HERE / "corpus" / "train.jsonl"
 TOKENIZER_DIR = HERE / "tokenizer"
 HF_MODEL_DIR = HERE / "hf_qwen3_tiny"
-HF_BENCH_DIR = HERE / "hf_qwen3_bench"  # the bench scale's shape (config_registry.BENCH), for the v5 variant
+HF_BENCH_DIR = HERE / "hf_qwen3_bench"  # the bench scale's shapes (config_registry.BENCH*), for the v5 variant
+HF_BENCH_ACCELERATOR_DIR = HERE / "hf_qwen3_bench_accelerator"
 VOCAB_SIZE = 2048
 NUM_DOCUMENTS = 3000
 EOS = "<|endoftext|>"
@@ -74,12 +75,13 @@ def make_tokenizer(docs: list[str]) -> Tokenizer:
     return tok
 
 
-def tiny_hf_qwen3_config(eos_id: int, dim=128, hidden=384, layers=2, heads=4, kv_heads=2, head_dim=32) -> dict:
+def tiny_hf_qwen3_config(eos_id: int, dim=128, hidden=384, layers=2, heads=4, kv_heads=2, head_dim=32,
+                         vocab=VOCAB_SIZE) -> dict:
     """A Qwen3ForCausalLM config.json (smoke size by default), for the v5 variant's AutoConfig offline."""
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
-        "vocab_size": VOCAB_SIZE,
+        "vocab_size": vocab,
         "hidden_size": dim,
         "intermediate_size": hidden,
         "num_hidden_layers": layers,
@@ -98,9 +100,13 @@ def tiny_hf_qwen3_config(eos_id: int, dim=128, hidden=384, layers=2, heads=4, kv
 
 
 def write_bench_config(eos_id: int) -> None:
-    HF_BENCH_DIR.mkdir(parents=True, exist_ok=True)
-    bench = tiny_hf_qwen3_config(eos_id, dim=1024, hidden=3072, layers=16, heads=8, kv_heads=4, head_dim=128)
-    (HF_BENCH_DIR / "config.json").write_text(json.dumps(bench, indent=2) + "\n")
+    shapes = {HF_BENCH_DIR: dict(dim=1024, hidden=3072, layers=16, heads=8, kv_heads=4, head_dim=128),
+              HF_BENCH_ACCELERATOR_DIR: dict(dim=2048, hidden=6144, layers=28, heads=16, kv_heads=8, head_dim=128,
+                                             vocab=151936)}
+    for folder, shape in shapes.items():
+        folder.mkdir(parents=True, exist_ok=True)
+        config = tiny_hf_qwen3_config(eos_id, **shape)
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def main() -> None:
