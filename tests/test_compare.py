@@ -41,3 +41,18 @@ def test_two_runs_of_one_variant_are_told_apart_by_folder(tmp_path):
 def test_smoothing_starts_at_the_first_value_and_follows_a_constant():
     assert plots.smoothed([4.0, 4.0, 4.0]) == [4.0, 4.0, 4.0]
     assert plots.smoothed([10.0, 0.0])[0] == 10.0 and 0 < plots.smoothed([10.0, 0.0])[1] < 10.0
+
+
+def test_gpu_script_tabulates_ratios_and_failures():
+    from bench import gpu_compare
+
+    def result(variant, compiled, how, tps, code=0):
+        summary = {"end": "finished", "tokens_per_s": tps, "mfu": {"pct": 40.0}} if tps else {}
+        return {"variant": variant, "compiled": compiled, "how": how, "exit": code, "summary": summary}
+
+    table = gpu_compare.report([result("native", False, "launcher", 1000.0), result("native", False, "by-hand", 1000.0),
+                                result("native", True, "launcher", 1500.0), result("native", True, "by-hand", 1600.0),
+                                result("v5", False, "launcher", None, code=1)]).splitlines()
+    assert table[2] == "| native | eager | 0 | finished | 1,000.0 | 1,000.0 | 1.000 | 40.00 | - |"
+    assert table[3] == "| native | compile | 0 | finished | 1,500.0 | 1,600.0 | 0.938 | 40.00 | 1.50 |"
+    assert table[4].startswith("| v5 | eager | 1 | - | - |")
