@@ -1,4 +1,5 @@
-"""The one FLOPs formula (recipes/neuron_qwen3/flops.py) against a hand count, and the honest peaks."""
+"""The one FLOPs formula (recipes/neuron_qwen3/flops.py) against a hand count, the honest peaks, and the
+metrics backends every config turns on."""
 
 import json
 
@@ -72,3 +73,16 @@ def test_trainium2_peak_is_per_logical_core_at_the_configured_lnc(monkeypatch, l
     monkeypatch.setattr("subprocess.run", lambda *a, **k: type("R", (), {"stdout": ""})())
     peak = flops.peak("neuron", "neuron", logical_nc_config=lnc)
     assert peak.flops == pytest.approx(expected) and f"LNC={lnc}" in peak.source
+
+
+@pytest.mark.parametrize("env, wandb", [({}, False), ({"WANDB_API_KEY": "k"}, True), ({"WANDB_MODE": "offline"}, True),
+                                        ({"WANDB_MODE": "online"}, False)])
+def test_tensorboard_always_and_wandb_only_when_asked(monkeypatch, env, wandb):
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for config in (config_registry.native_qwen3_4b(), config_registry.v5_qwen3_smoke(),
+                   config_registry.nki_moe_qwen3_bench()):
+        assert config.metrics.enable_tensorboard and config.metrics.save_tb_folder == "tb"
+        assert config.metrics.enable_wandb is wandb
