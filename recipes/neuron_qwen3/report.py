@@ -196,6 +196,7 @@ class RunReport:
 
 def _stop_on_sigterm(signum, _frame):
     mark_stopped(signal.Signals(signum).name)
+    signal.signal(signum, signal.SIG_IGN)  # a second one must not cut the summary short; `watch` restores it
     raise SystemExit(128 + signum)  # unwinds train(); the summary is written on the way out
 
 
