@@ -148,7 +148,8 @@ VARS = (
         choice(tuple(VARIANTS))),
     Var("SCALE", "full", "one of: " + ", ".join(SCALES),
         "`full`: the article's model on every core; `smoke`: a tiny model, bundled assets, offline; `bench`: "
-        "the same at 0.2B (MoE: 0.35B) and sequence 2048, for throughput", choice(SCALES)),
+        "bundled assets, offline, a model for throughput (CPU: 0.2B, sequence 2048; GPU/Neuron: Qwen3-1.7B's "
+        "shape, sequence 4096)", choice(SCALES)),
     Var("COMPILE", "0", "one of: " + ", ".join(SWITCH),
         "1: torch.compile (backend `neuron` on Trainium, `inductor` elsewhere); 0: eager", switch),
     Var("STEPS", None, "a positive integer", "training steps (`--training.steps`); default: the config's",
