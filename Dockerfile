@@ -102,5 +102,7 @@ LABEL org.opencontainers.image.title="neuron-qwen3" \
       io.neuron-qwen3.transformers.version="${TRANSFORMERS_VERSION}" \
       io.neuron-qwen3.torch.version="${TORCH_VERSION}" \
       io.neuron-qwen3.neuron-sdk="${NEURON_SDK}"
+# The revision label, readable from inside: each run's report/summary.json records it (recipes/neuron_qwen3/report.py)
+ENV NEURON_QWEN3_IMAGE_REVISION="${VCS_REF}"
 
 ENTRYPOINT ["python3", "-m", "entrypoint"]

@@ -3,6 +3,7 @@
 #   make venv       .venv from the three hashed locks (idempotent: re-runs only when a lock changes); their
 #                   wheels stay in build/wheels, so the image job needs no package index
 #   make train      the launcher at smoke scale on this host (VARIANT=native|v5|nki_moe, STEPS=N, DEVICE=cpu)
+#   make compare    the three variants alike (SCALE=smoke|bench, STEPS, COMPILE...), one table, one loss plot
 #   make test       the whole test suite, the image smoke job included (what CI runs)
 #   make test-fast  everything but the slow groups (markers `image` and `training`, pyproject.toml)
 #   make lock       regenerate requirements*.lock from requirements*.in (needs the package index)
@@ -22,7 +23,7 @@ WHEELS := build/wheels
 # Installed together into .venv; the image installs requirements.lock alone on top of its base.
 LOCKS := requirements-torch.lock requirements.lock requirements-dev.lock
 
-.PHONY: venv train test test-fast lock lock-check image lint smoke clean
+.PHONY: venv train compare test test-fast lock lock-check image lint smoke clean
 
 venv: $(STAMP)
 
@@ -39,6 +40,9 @@ $(STAMP): $(LOCKS)
 # runs on the host's CPU (DEVICE=cpu) unless DEVICE says otherwise; elsewhere the launcher picks CUDA or CPU.
 train: venv
 	SCALE=$${SCALE:-smoke} DEVICE=$${DEVICE:-$$(test -e /dev/neuron0 && echo cpu || echo auto)} $(PY) -m entrypoint
+
+compare: venv
+	SCALE=$${SCALE:-smoke} PYTHONPATH=recipes $(PY) -m neuron_qwen3.compare --run $(ARGS)
 
 test: venv
 	$(PY) -m pytest -q -rs

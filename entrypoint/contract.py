@@ -168,7 +168,9 @@ VARS = (
     Var("VARIANT", DEFAULT_VARIANT, "one of: " + ", ".join(VARIANTS), "which Qwen3 setup to train (`--list`)",
         choice(tuple(VARIANTS))),
     Var("SCALE", "full", "one of: " + ", ".join(SCALES),
-        "`full`: the article's model on every core; `smoke`: a tiny model, bundled assets, offline", choice(SCALES)),
+        "`full`: the article's model on every core; `smoke`: a tiny model, bundled assets, offline; `bench`: "
+        "bundled assets, offline, a model for throughput (CPU: 0.2B, sequence 2048; GPU/Neuron: Qwen3-1.7B's "
+        "shape, sequence 4096)", choice(SCALES)),
     Var("MODEL", None, "one of the Qwen3 Hub ids `--list` shows, like Qwen/Qwen3-8B",
         "full scale: which Qwen3 (size and form) to train; its family (dense, MoE) must be the variant's; default: "
         "the variant's (`--list`)", choice(tuple(MODELS))),

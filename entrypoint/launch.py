@@ -22,6 +22,8 @@ import signal
 import subprocess
 import time
 
+from entrypoint import progress
+
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # forwarded to every process group of the child
 IGNORED = (signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_GRACE = 20  # seconds; the contract's STOP_GRACE default
@@ -159,10 +161,13 @@ def run(argv, env, grace=DEFAULT_GRACE) -> int:
     previous = {signum: signal.signal(signum, forward) for signum in STOPS + IGNORED}
     try:
         child = subprocess.Popen(argv, env=env, start_new_session=True)
+        watch = progress.Progress.for_command(argv)  # `step k/N`, tokens/s, ETA now and then; None: not training
         for signum in early:
             forward(signum, None)
         code, killed_at = None, None
         while True:
+            if watch:
+                watch.poll()
             if code is None:
                 code = _reap(child)
             if code is not None and (deadline is None or not _any_alive(groups)):

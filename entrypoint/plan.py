@@ -196,7 +196,7 @@ def env_additions(settings: Settings, devices: Devices, nproc: int, model: str |
         env["EXPORT_DIR"] = os.path.abspath(settings.export_dir)
     if settings.dataset and os.path.exists(settings.dataset):  # workers may start elsewhere: local data absolute
         env["DATASET"] = os.path.abspath(settings.dataset)
-    if settings.scale == "smoke":  # smoke runs never touch the network
+    if settings.scale != "full":  # smoke and bench runs (bundled assets) never touch the network
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     if settings.max_restarts:
         # torchrun keeps one rendezvous store across worker restarts by default, and restarted gloo workers then

@@ -12,6 +12,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+import torch
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import LRSchedulersContainer
@@ -60,14 +61,21 @@ def _hf_assets(repo: str) -> str:
     return os.path.abspath(os.path.join(ASSETS_DIR, repo))
 
 
+def _observed(metrics: MetricsProcessor.Config) -> MetricsProcessor.Config:
+    """TensorBoard always ($OUTPUT_DIR/tb); Weights & Biases only when asked for (a key, or offline mode)."""
+    wandb = bool(os.environ.get("WANDB_API_KEY")) or os.environ.get("WANDB_MODE") == "offline"
+    return dataclasses.replace(metrics, enable_tensorboard=True, save_tb_folder="tb", enable_wandb=wandb)
+
+
 def _article_training(config: Trainer.Config) -> Trainer.Config:
-    """What the article sets on every way: c4, 10 steps, local batch 1, FSDP over every rank."""
+    """What the article sets on every way: c4, 10 steps, local batch 1, FSDP over every rank; runs observed."""
     # The article trains on "c4_test", a fixture of torchtitan's git repository that the 0.3.0
     # wheel does not ship; the full configs use the "c4" loader (allenai/c4, streamed) instead.
     config.dataloader = data.from_env(HuggingFaceTextDataLoader.Config(dataset="c4"))
     config.training.steps = 10
     config.training.local_batch_size = 1
     config.parallelism.data_parallel_shard_degree = -1
+    config.metrics = _observed(config.metrics)
     return config
 
 
@@ -166,21 +174,20 @@ def _smoke_training(config: Trainer.Config) -> Trainer.Config:
     config.training.local_batch_size = 2
     config.training.seq_len = 256
     config.lr_scheduler = LRSchedulersContainer.Config(warmup_steps=2, decay_ratio=0.8, decay_type="linear")
-    config.metrics = MetricsProcessor.Config(log_freq=1)
+    config.metrics = dataclasses.replace(config.metrics, log_freq=1)
     config.debug.seed = 0
     return config
 
 
-def _smoke_qwen3(moe: bool) -> Qwen3Model.Config:
-    """A two-layer Qwen3 built by torchtitan's own layer builders, dense or MoE."""
-    s = SMOKE
+def _small_qwen3(s: dict, moe: dict | None) -> Qwen3Model.Config:
+    """A Qwen3 of shape `s` built by torchtitan's own layer builders, dense or (with `moe`) MoE."""
     common = dict(
         n_layers=s["n_layers"], dim=s["dim"], n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"],
         head_dim=s["head_dim"], attn_backend="flex",
         rope=CosSinRoPE.Config(dim=s["head_dim"], max_seq_len=4096, theta=1000000.0),
     )
     if moe:
-        layers = _build_qwen3_moe_layers(**common, **SMOKE_MOE, moe_comm_backend="standard")
+        layers = _build_qwen3_moe_layers(**common, **moe, moe_comm_backend="standard")
     else:
         layers = _build_qwen3_layers(**common, hidden_dim=s["hidden_dim"])
     return Qwen3Model.Config(
@@ -196,9 +203,9 @@ def _smoke_qwen3(moe: bool) -> Qwen3Model.Config:
     )
 
 
-def _with_smoke_model(config: Trainer.Config, flavor: str, moe: bool) -> Trainer.Config:
+def _with_small_model(config: Trainer.Config, flavor: str, shape: dict, moe: dict | None) -> Trainer.Config:
     base = model_registry("debugmodel_moe" if moe else "debugmodel")
-    return _smoke_training(_with_model_spec(config, dataclasses.replace(base, flavor=flavor, model=_smoke_qwen3(moe))))
+    return _smoke_training(_with_model_spec(config, dataclasses.replace(base, flavor=flavor, model=_small_qwen3(shape, moe))))
 
 
 def v5_qwen3_smoke() -> TransformersBackendConfig:
@@ -208,11 +215,11 @@ def v5_qwen3_smoke() -> TransformersBackendConfig:
 
 
 def native_qwen3_smoke() -> Trainer.Config:
-    return _with_smoke_model(native_qwen3_4b(), "smoke", moe=False)
+    return _with_small_model(native_qwen3_4b(), "smoke", SMOKE, None)
 
 
 def nki_moe_qwen3_smoke() -> Trainer.Config:
-    return _with_smoke_model(nki_moe_qwen3_30b_a3b(), "smoke_moe", moe=True)
+    return _with_small_model(nki_moe_qwen3_30b_a3b(), "smoke_moe", SMOKE, SMOKE_MOE)
 
 
 def native_moe_qwen3_smoke() -> Trainer.Config:
@@ -220,3 +227,52 @@ def native_moe_qwen3_smoke() -> Trainer.Config:
     config = nki_moe_qwen3_smoke()
     config.override.imports = []
     return config
+
+
+# ---- bench twins: big enough that matmuls, not start-up, set the throughput ------------------------------
+
+# Sized for the device found. CPU: a 0.2B dense Qwen3 (Qwen3-0.6B's width, 16 layers, the bundled 2048-token
+# vocabulary), its MoE twin 0.35B with 0.13B active (8 experts, top 2), sequence 2048. With an accelerator:
+# Qwen3-1.7B's shape (its 151,936-token vocabulary too), the MoE twin 4.2B with the dense model's active width
+# (32 experts of 768, top 8), sequence 4096, in torchtitan's default precision (FSDP, bf16 parameters in
+# compute; fp32 on CPU). The bundled tokenizer and corpus either way: no network.
+BENCH = dict(dim=1024, n_layers=16, n_heads=8, n_kv_heads=4, head_dim=128, hidden_dim=3072, vocab_size=2048)
+BENCH_MOE = dict(num_experts=8, top_k=2, moe_hidden_dim=768)
+BENCH_ACCELERATOR = dict(dim=2048, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, hidden_dim=6144,
+                         vocab_size=151936)
+BENCH_ACCELERATOR_MOE = dict(num_experts=32, top_k=8, moe_hidden_dim=768)
+# config.json of each dense bench shape as a Qwen3ForCausalLM, for the v5 variant (assets/make_assets.py)
+BENCH_HF_MODEL = {False: ASSETS / "hf_qwen3_bench", True: ASSETS / "hf_qwen3_bench_accelerator"}
+
+
+def _accelerator() -> bool:
+    return torch._utils._get_available_device_type() is not None  # as cpu_adapter.needed() asks
+
+
+def _bench(config: Trainer.Config) -> Trainer.Config:
+    config.training.local_batch_size = 1
+    config.training.seq_len = 4096 if _accelerator() else 2048
+    if not _accelerator():  # bf16 matmuls on a CPU without bf16 units run ~100x slower than fp32 (AVX2 here)
+        config.training.mixed_precision_param = "float32"
+    return config
+
+
+def _bench_model(config: Trainer.Config, flavor: str, moe: bool) -> Trainer.Config:
+    big = _accelerator()
+    shape = BENCH_ACCELERATOR if big else BENCH
+    experts = (BENCH_ACCELERATOR_MOE if big else BENCH_MOE) if moe else None
+    return _bench(_with_small_model(config, flavor, shape, experts))
+
+
+def v5_qwen3_bench() -> TransformersBackendConfig:
+    config = _bench(v5_qwen3_smoke())
+    config.hf_model = str(BENCH_HF_MODEL[_accelerator()])
+    return config
+
+
+def native_qwen3_bench() -> Trainer.Config:
+    return _bench_model(native_qwen3_4b(), "bench", moe=False)
+
+
+def nki_moe_qwen3_bench() -> Trainer.Config:
+    return _bench_model(nki_moe_qwen3_30b_a3b(), "bench_moe", moe=True)

@@ -9,7 +9,7 @@ after their device set-up.
 """
 
 import dataclasses
-import os
+import signal
 
 import torch
 from torchtitan.config import ConfigManager
@@ -17,7 +17,7 @@ from torchtitan.observability import structured_logger as sl
 from torchtitan.tools.logging import init_logger, logger
 from torchtitan.trainer import Trainer
 
-from neuron_qwen3 import stop, weights
+from neuron_qwen3 import report, stop, weights
 
 
 class RunHooks(Trainer):
@@ -29,11 +29,13 @@ class RunHooks(Trainer):
         super().__init__(config)
         self.stop_watch.join()
         self.first_step = None
+        self.report = report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
 
     def train(self):
-        weights.check_coverage(self)  # before the initial load reads Hugging Face keys
-        super().train()
-        weights.export(self)  # EXPORT_DIR: also when the data ran out before training.steps; not after a stop
+        with self.report.watch():  # summary.json says whether the run finished, stopped or failed
+            weights.check_coverage(self)  # before the initial load reads Hugging Face keys
+            super().train()
+            weights.export(self)  # EXPORT_DIR: also when the data ran out before training.steps; not after a stop
 
     def should_continue_training(self) -> bool:
         """torchtitan's test, plus save on stop (stop.py) at each step boundary."""
@@ -43,6 +45,7 @@ class RunHooks(Trainer):
             return False
         signum = self.stop_watch.agreed()
         if signum:
+            report.mark_stopped(signal.Signals(signum).name)
             stop.stop_now(self.stop_watch, signum, self.checkpointer, self.step, self.first_step)
         return True
 

@@ -15,6 +15,8 @@ HERE = Path(__file__).parent
 CORPUS = HERE / "corpus" / "train.jsonl"
 TOKENIZER_DIR = HERE / "tokenizer"
 HF_MODEL_DIR = HERE / "hf_qwen3_tiny"
+HF_BENCH_DIR = HERE / "hf_qwen3_bench"  # the bench scale's shapes (config_registry.BENCH*), for the v5 variant
+HF_BENCH_ACCELERATOR_DIR = HERE / "hf_qwen3_bench_accelerator"
 VOCAB_SIZE = 2048
 NUM_DOCUMENTS = 3000
 EOS = "<|endoftext|>"
@@ -79,18 +81,19 @@ def make_tokenizer(docs: list[str]) -> Tokenizer:
     return tok
 
 
-def tiny_hf_qwen3_config(eos_id: int) -> dict:
-    """A Qwen3ForCausalLM config.json at smoke size, for the v5 variant's AutoConfig offline."""
+def tiny_hf_qwen3_config(eos_id: int, dim=128, hidden=384, layers=2, heads=4, kv_heads=2, head_dim=32,
+                         vocab=VOCAB_SIZE) -> dict:
+    """A Qwen3ForCausalLM config.json (smoke size by default), for the v5 variant's AutoConfig offline."""
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
-        "vocab_size": VOCAB_SIZE,
-        "hidden_size": 128,
-        "intermediate_size": 384,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
+        "vocab_size": vocab,
+        "hidden_size": dim,
+        "intermediate_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
         "max_position_embeddings": 4096,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         "rms_norm_eps": 1e-6,
@@ -100,6 +103,16 @@ def tiny_hf_qwen3_config(eos_id: int) -> dict:
         "eos_token_id": eos_id,
         "torch_dtype": "float32",
     }
+
+
+def write_bench_config(eos_id: int) -> None:
+    shapes = {HF_BENCH_DIR: dict(dim=1024, hidden=3072, layers=16, heads=8, kv_heads=4, head_dim=128),
+              HF_BENCH_ACCELERATOR_DIR: dict(dim=2048, hidden=6144, layers=28, heads=16, kv_heads=8, head_dim=128,
+                                             vocab=151936)}
+    for folder, shape in shapes.items():
+        folder.mkdir(parents=True, exist_ok=True)
+        config = tiny_hf_qwen3_config(eos_id, **shape)
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def main() -> None:
@@ -117,6 +130,7 @@ def main() -> None:
     HF_MODEL_DIR.mkdir(parents=True, exist_ok=True)
     hf_config = tiny_hf_qwen3_config(tokenizer.token_to_id(EOS))
     (HF_MODEL_DIR / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    write_bench_config(tokenizer.token_to_id(EOS))
     print(f"wrote {len(docs)} documents to {CORPUS} and a {VOCAB_SIZE}-token tokenizer to {TOKENIZER_DIR}")
 
 

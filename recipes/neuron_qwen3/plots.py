@@ -1,0 +1,63 @@
+"""The report's plots (matplotlib, headless Agg): loss curves with their smoothing, throughput with the warm-up.
+
+Kept apart from report.py so the comparison tool draws the same plots without importing torch.
+"""
+
+import statistics
+from pathlib import Path
+
+PLOT_SIZE = (8, 4.5)  # inches, at PLOT_DPI: 800 x 450 pixels
+PLOT_DPI = 100
+
+
+def _figure(title, ylabel):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    return plt, fig, ax
+
+
+def smoothed(values: list, weight: float = 0.6) -> list:
+    """TensorBoard's smoothing: an exponential moving average, debiased so the first point is the first value."""
+    out, average = [], 0.0
+    for i, value in enumerate(values, 1):
+        average = weight * average + (1 - weight) * value
+        out.append(average / (1 - weight**i))
+    return out
+
+
+def plot_loss(records: list, path: Path, label: str | None = None) -> None:
+    plot_losses({label or "loss": records}, path)
+
+
+def plot_losses(runs: dict, path: Path) -> None:
+    """One loss curve per run (raw, faint) with its smoothing (solid)."""
+    plt, fig, ax = _figure("training loss", "loss")
+    for label, records in runs.items():
+        steps, losses = [r["step"] for r in records], [r["loss"] for r in records]
+        (line,) = ax.plot(steps, smoothed(losses), label=f"{label} (smoothed)")
+        ax.plot(steps, losses, color=line.get_color(), alpha=0.3, marker=".", label=f"{label} (raw)")
+    ax.legend()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_throughput(records: list, warmup_steps: int, path: Path) -> None:
+    plt, fig, ax = _figure("throughput (whole job)", "tokens/s")
+    ax.plot([r["step"] for r in records], [r["tokens_per_s"] for r in records], marker=".")
+    steady = [r["tokens_per_s"] for r in records if r["step"] > warmup_steps]
+    if steady:
+        ax.axhline(statistics.median(steady), color="gray", linestyle="--", label="steady-state median")
+    if warmup_steps:
+        ax.axvspan(records[0]["step"] - 0.5, warmup_steps + 0.5, color="orange", alpha=0.2,
+                   label=f"warm-up (steps 1-{warmup_steps}): not in the steady state")
+    ax.legend()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,256 @@
+"""Every run's report in $OUTPUT_DIR/report/: metrics.jsonl, summary.json, loss.png, throughput.png.
+
+Written by the metrics rank (rank 0 without pipeline parallelism) through torchtitan's own metrics machinery:
+`ReportLogger` is one more logger backend in the MetricsProcessor's LoggerContainer, next to TensorBoard, so
+each record holds exactly what torchtitan logged at that step. `attach` also replaces torchtitan's per-model
+FLOPs count with flops.py's (one formula for all three variants) and its peak with an honest one; on a device
+without a known peak, MFU is left out the way upstream leaves it out for quantized runs.
+
+How a run ended (summary.json "end"): `finished` when it ran all its steps; `stopped` when a stop signal came
+(the stop code calls `mark_stopped`, or SIGTERM reaches the handler `watch` installs) or training returned
+early; `failed` on any other exception.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+from torchtitan.components.metrics import BaseLogger, LoggerContainer, _get_metrics_rank
+from torchtitan.tools import utils
+
+from neuron_qwen3 import flops
+from neuron_qwen3.plots import plot_loss, plot_throughput
+
+FOLDER = "report"
+WARMUP_STEPS = 2  # steps left out of the steady state: the first builds the graphs (and compiles, COMPILE=1)
+VERSIONED = ("torch", "torchtitan", "transformers", "torch-neuronx")
+IMAGE_REVISION = "NEURON_QWEN3_IMAGE_REVISION"  # set in the image from its revision label
+
+_stop = {"reason": None}  # set by mark_stopped: the signal or request that stopped this process
+
+
+def mark_stopped(reason: str) -> None:
+    """Record that this run is being stopped on purpose (the stop code calls it; so does the SIGTERM handler)."""
+    _stop["reason"] = _stop["reason"] or reason
+
+
+def record_of(metrics: dict, step: int, steps_since_last: int, world_size: int, log_freq: int) -> dict:
+    """One metrics.jsonl line from the dict torchtitan's MetricsProcessor.log hands its loggers."""
+    lr = next((value for key, value in metrics.items() if key.startswith("lr/")), None)
+    tps = metrics["throughput(tps)"]  # tokens/s per device, as torchtitan computes it
+    return {
+        "step": step,
+        "time": time.time(),
+        "loss": metrics["loss_metrics/global_avg_loss"],
+        "grad_norm": metrics["grad_norm"],
+        "lr": lr,
+        "tokens_per_s_per_device": tps,
+        "tokens_per_s": tps * world_size,
+        # upstream divides the time since the last log by log_freq, even when fewer steps ran (step 1)
+        "step_time_s": metrics["time_metrics/end_to_end(s)"] * log_freq / steps_since_last,
+        "data_loading_s": metrics["time_metrics/data_loading(s)"],
+        "tflops_per_device": metrics["tflops"],
+        "mfu_pct": metrics.get("mfu(%)"),
+        "memory_gib": metrics["memory/max_reserved(GiB)"],
+        "tokens_seen": metrics.get("n_tokens_seen"),
+    }
+
+
+class ReportLogger(BaseLogger):
+    """A torchtitan logger backend that appends each logged step to metrics.jsonl."""
+
+    def __init__(self, folder: Path, world_size: int, log_freq: int, steps: int):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / "metrics.jsonl"
+        self.path.write_text("")  # this launch's records only; a resumed run starts its own
+        self.world_size, self.log_freq, self.steps = world_size, log_freq, steps
+        self.last_step = None  # a resumed run's first logged step follows the checkpoint's, not step 0
+        self.records = []
+
+    def log(self, metrics, step):
+        if "loss_metrics/global_avg_loss" not in metrics:  # validation: not a training step
+            return
+        since = step - self.last_step if self.last_step is not None else (1 if step == 1 else self.log_freq)
+        record = record_of(metrics, step, max(1, since), self.world_size, self.log_freq)
+        record["steps_total"] = self.steps
+        self.last_step = step
+        self.records.append(record)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class RunReport:
+    """The report of one trainer's run; `attach` builds it, `watch` ends it."""
+
+    def __init__(self, trainer, logger: ReportLogger | None, peak: flops.Peak, shape: flops.Shape):
+        self.trainer, self.logger, self.peak, self.shape = trainer, logger, peak, shape
+        self.folder = Path(trainer.config.dump_folder) / FOLDER
+        self.launched = launch_time()
+
+    @classmethod
+    def attach(cls, trainer) -> "RunReport":
+        config, metrics = trainer.config, trainer.metrics_processor
+        shape = flops.shape_of(trainer.model_config)
+        metrics.num_flops_per_token = flops.per_token(shape, config.training.seq_len)
+        lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+        peak = flops.peak(utils.device_type, metrics.device_memory_monitor.device_name, lnc)
+        if peak.flops is None:
+            metrics.has_quantization = True  # upstream's one switch for "no MFU" (MetricsProcessor.log)
+        else:
+            metrics.gpu_peak_flops = peak.flops
+        logger = None
+        rank = _get_metrics_rank(parallel_dims=trainer.parallel_dims,
+                                 pp_schedule=config.parallelism.pipeline_parallel_schedule)
+        if _rank() == rank:
+            logger = ReportLogger(Path(config.dump_folder) / FOLDER, trainer.parallel_dims.world_size,
+                                  config.metrics.log_freq, config.training.steps)
+            if not isinstance(metrics.logger, LoggerContainer):
+                container = LoggerContainer()
+                container.add_logger(metrics.logger)
+                metrics.logger = container
+            metrics.logger.add_logger(logger)
+        return cls(trainer, logger, peak, shape)
+
+    @contextlib.contextmanager
+    def watch(self):
+        """Around `train()`: SIGTERM marks the run stopped and unwinds it; on the way out, write the summary."""
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous == signal.SIG_DFL:  # a stop handler installed by other code (a graceful save) wins
+            signal.signal(signal.SIGTERM, _stop_on_sigterm)
+        try:
+            yield
+        except BaseException as error:
+            stopped = _stop["reason"] or (isinstance(error, KeyboardInterrupt) and "SIGINT")
+            self.finish("stopped" if stopped else "failed", stopped or f"{type(error).__name__}: {error}")
+            raise
+        else:
+            early = self.trainer.step < self.trainer.config.training.steps
+            if _stop["reason"] or early:
+                self.finish("stopped", _stop["reason"] or f"training returned at step {self.trainer.step}")
+            else:
+                self.finish("finished", None)
+        finally:
+            if previous == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def finish(self, end: str, detail: str | None) -> None:
+        if self.logger is None:
+            return
+        records = self.logger.records
+        summary = self.summary(records, end, detail)
+        (self.folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if records:
+            plot_loss(records, self.folder / "loss.png")
+            plot_throughput(records, WARMUP_STEPS, self.folder / "throughput.png")
+
+    def summary(self, records: list, end: str, detail: str | None) -> dict:
+        trainer, config = self.trainer, self.trainer.config
+        dims = trainer.parallel_dims
+        name = _config_name()
+        variant, scale = _variant_of(name)
+        now = time.time()
+        steady = [r for r in records if r["step"] > WARMUP_STEPS] or records[1:] or records
+        warmup = [r for r in records if r not in steady]
+        median = lambda key: statistics.median(r[key] for r in steady) if steady else None  # noqa: E731
+        step_s = median("step_time_s")
+        warmup_s = sum(r["step_time_s"] for r in warmup)
+        first_step_end = records[0]["time"] if records else None
+        return {
+            "variant": variant, "scale": scale, "config": name,
+            "compile": config.compile.enable,
+            "device": {"kind": utils.device_type, "name": trainer.metrics_processor.device_memory_monitor.device_name,
+                       "count": dims.world_size},
+            "processes": dims.world_size,
+            "nodes": max(1, dims.world_size // int(os.environ.get("LOCAL_WORLD_SIZE", dims.world_size))),
+            "batch": {"local": config.training.local_batch_size, "seq_len": config.training.seq_len},
+            "steps": {"done": trainer.step, "planned": config.training.steps},
+            "end": end, "end_detail": detail,
+            "tokens_seen": trainer.ntokens_seen * dims.world_size // dims.non_data_parallel_size,
+            "tokens_per_s": median("tokens_per_s"),
+            "tokens_per_s_per_device": median("tokens_per_s_per_device"),
+            "step_time_s": step_s,
+            "steady_state": {"steps": [r["step"] for r in steady], "statistic": "median"},
+            "warmup": {"steps": [r["step"] for r in warmup], "seconds": warmup_s,
+                       "over_steady_s": warmup_s - step_s * len(warmup) if warmup and step_s else None,
+                       "note": "the first steps build the graphs; with COMPILE=1 they include compilation"},
+            "flops": {"per_token": trainer.metrics_processor.num_flops_per_token,
+                      "formula": "6 * active matmul weights + 12 * layers * heads * head_dim * seq_len",
+                      "active_matmul_params": flops.active_matmul_params(self.shape),
+                      "tflops_per_device": median("tflops_per_device")},
+            "mfu": {"pct": median("mfu_pct") if self.peak.flops else None, "peak_flops": self.peak.flops,
+                    "peak_source": self.peak.source},
+            "peak_memory_gib": max((r["memory_gib"] for r in records), default=None),
+            "launch_to_first_step_s": first_step_end - self.launched if first_step_end else None,
+            "first_loss": records[0]["loss"] if records else None,
+            "last_loss": records[-1]["loss"] if records else None,
+            "wall_s": now - self.launched,
+            "versions": versions(),
+        }
+
+
+def _stop_on_sigterm(signum, _frame):
+    mark_stopped(signal.Signals(signum).name)
+    signal.signal(signum, signal.SIG_IGN)  # a second one must not cut the summary short; `watch` restores it
+    raise SystemExit(128 + signum)  # unwinds train(); the summary is written on the way out
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _config_name() -> str | None:
+    argv = sys.argv
+    return argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
+
+
+def _variant_of(config_name):
+    """(variant, scale) whose config this is, from the launcher's variant table; (None, None) for others."""
+    from entrypoint.variants import VARIANTS
+
+    for variant in VARIANTS.values():
+        for scale, name in variant.configs.items():
+            if name == config_name:
+                return variant.name, scale
+    return None, None
+
+
+def versions() -> dict:
+    found = {}
+    for name in VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    found["image_revision"] = os.environ.get(IMAGE_REVISION)
+    return found
+
+
+def launch_time(proc="/proc") -> float:
+    """When this run was launched: the start of the outermost launcher or torchrun above this process.
+
+    From /proc (Linux): each ancestor's start time in clock ticks since boot. Without one, this process's start.
+    """
+    try:
+        boot = next(float(line.split()[1]) for line in open(f"{proc}/stat") if line.startswith("btime"))
+        tick = os.sysconf("SC_CLK_TCK")
+        pid, earliest = os.getpid(), None
+        while pid > 1:
+            with open(f"{proc}/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            cmdline = open(f"{proc}/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
+            started = boot + int(fields[19]) / tick
+            if earliest is None or any(word in cmdline for word in (b"torch.distributed.run", b"torchrun",
+                                                                    b"-m entrypoint")):
+                earliest = started
+            pid = int(fields[1])
+        return earliest
+    except (OSError, StopIteration, ValueError, IndexError):
+        return time.time() - time.process_time()
