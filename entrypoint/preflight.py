@@ -22,7 +22,7 @@ import resource
 import tempfile
 from dataclasses import dataclass
 
-from entrypoint import fetch_assets
+from entrypoint import fetch_assets, names
 from entrypoint.contract import Settings
 from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
 from entrypoint.plan import REPO, Plan
@@ -135,7 +135,7 @@ def held_cores(plan: Plan) -> list:
     if devices.visible_cores is None:
         used = set(devices.nodes)
     else:  # logical core c sits on device c // (logical cores per device)
-        per_device = PHYSICAL_CORES_PER_DEVICE // (devices.lnc or 2)
+        per_device = PHYSICAL_CORES_PER_DEVICE // (devices.lnc or int(names.LNC_DEFAULT))
         used = {f"neuron{core // per_device}" for core in devices.visible_cores}
     busy = [(node, pid, command) for node, pid, command in devices.held if node in used]
     if not busy:
