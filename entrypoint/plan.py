@@ -17,8 +17,8 @@ from entrypoint.variants import RECIPE_MODULE, VARIANTS
 REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 RECIPES = os.path.join(REPO, "recipes")
 # Every worker ends in neuron_qwen3.trainer (torchtitan's main with the project's run hooks); the CPU worker
-# applies the CPU adapter before torchtitan is imported.
-WORKER = {"neuron": "neuron_qwen3.trainer", "cuda": "neuron_qwen3.trainer", "cpu": "neuron_qwen3.cpu_worker"}
+# applies the CPU adapter, the Neuron worker imports torch_neuronx, before torchtitan is imported.
+WORKER = {"neuron": "neuron_qwen3.neuron_worker", "cuda": "neuron_qwen3.trainer", "cpu": "neuron_qwen3.cpu_worker"}
 COMPILE_BACKEND = {"neuron": "neuron", "cuda": "inductor", "cpu": "inductor"}
 UNIT = {"neuron": "logical NeuronCores", "cuda": "GPUs", "cpu": "CPU cores"}
 
@@ -90,7 +90,9 @@ def cache_dirs(settings: Settings, kind: str) -> dict:
 
 
 def env_additions(settings: Settings, devices: Devices, nproc: int, environ) -> dict:
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, (RECIPES, environ.get("PYTHONPATH")))), "PYTHONUNBUFFERED": "1"}
+    # The recipes, and the repository for the stdlib modules the workers share with the launcher (entrypoint.names).
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, (RECIPES, REPO, environ.get("PYTHONPATH")))),
+           "PYTHONUNBUFFERED": "1"}
     defaults = cache_dirs(settings, devices.kind)
     if devices.kind == "neuron":
         env["NEURON_LOGICAL_NC_CONFIG"] = settings.neuron_logical_nc_config

@@ -35,7 +35,7 @@ def after(argv, flag):
 def test_article_launch_for_every_platform_variant_and_scale(kind, variant, scale):
     p = build(kind, VARIANT=variant.name, SCALE=scale)
     nproc = 1 if kind == "cpu" else DEVICES[kind].count
-    worker = "neuron_qwen3.cpu_worker" if kind == "cpu" else "neuron_qwen3.trainer"
+    worker = {"cpu": "neuron_qwen3.cpu_worker", "neuron": "neuron_qwen3.neuron_worker"}.get(kind, "neuron_qwen3.trainer")
     assert list(p.argv[:16]) == [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *ARTICLE,
                                  "-m", worker]
     assert p.argv[16:20] == ("--module", RECIPE_MODULE, "--config", variant.configs[scale])
@@ -65,7 +65,8 @@ def test_steps_paths_and_extra_args_last():
 
 
 def test_environment_on_each_platform():
-    recipes = str(Path(plan.__file__).resolve().parent.parent / "recipes")
+    repo = Path(plan.__file__).resolve().parent.parent
+    recipes = os.pathsep.join([str(repo / "recipes"), str(repo)])  # the recipes, and entrypoint.names for them
     cache = os.path.abspath("./cache/native")  # one folder per variant
     neuron = build("neuron", NEURON_RT_VISIBLE_CORES="0-63").env
     assert neuron == {"PYTHONPATH": recipes, "PYTHONUNBUFFERED": "1", "NEURON_LOGICAL_NC_CONFIG": "2",
@@ -80,7 +81,7 @@ def test_environment_on_each_platform():
 
 def test_variables_already_set_are_kept():
     env = build("neuron", PYTHONPATH="/mine", TORCH_NEURONX_NEFF_CACHE_DIR="/n", NKI_COMPILE_CACHE_URL="/k").env
-    assert env["PYTHONPATH"].split(os.pathsep)[1:] == ["/mine"]
+    assert env["PYTHONPATH"].split(os.pathsep)[2:] == ["/mine"]
     assert "TORCH_NEURONX_NEFF_CACHE_DIR" not in env and "NKI_COMPILE_CACHE_URL" not in env
     assert "OMP_NUM_THREADS" not in build("cpu", OMP_NUM_THREADS="3").env
     assert "TORCHINDUCTOR_CACHE_DIR" not in build("cpu", TORCHINDUCTOR_CACHE_DIR="/i").env
