@@ -24,6 +24,8 @@ def parser():
         epilog=f"environment:\n{table}")
     cli.add_argument("--dry-run", action="store_true", help="print the resolved plan as JSON and exit")
     cli.add_argument("--list", action="store_true", help="list the variants and their config functions")
+    cli.add_argument("--self-test", action="store_true",
+                     help="on a trn2: devices, runtime, the NKI MoE kernels, a few native steps; one verdict line each")
     return cli
 
 
@@ -72,6 +74,10 @@ def main(argv=None) -> int:
     token = os.environ.get("HF_TOKEN")
     try:
         settings = contract.parse(os.environ)
+        if args.self_test:  # recipes/neuron_qwen3/selftest.py, in a child: the launcher never imports torch
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (plan.RECIPES, plan.REPO,
+                                                                               os.environ.get("PYTHONPATH"))))}
+            return launch.run([sys.executable, "-m", "neuron_qwen3.selftest"], env, settings.stop_grace)
         resolved = plan.build(settings, discovery.discover(settings), os.environ)
     except contract.UsageError as error:
         say(str(error), token)

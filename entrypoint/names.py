@@ -18,3 +18,5 @@ def moe_kernel(raw: str) -> str:
     if raw not in MOE_KERNELS:
         raise ValueError(f"{MOE_KERNEL_ENV}={raw!r} is not one of: {', '.join(MOE_KERNELS)}")
     return raw
+
+LOSS_LINE = r"step:\s*(\d+)\s+loss:\s*(\S+)"  # torchtitan's metrics line, as the launcher's children print it

@@ -4,7 +4,7 @@ Run: .venv/bin/python -m pytest tests/test_nki_experts.py -q
 
 fp32: torchtitan's GroupedExperts.forward hardcodes `.bfloat16()` casts; for an fp32 comparison the
 tests run torchtitan's unmodified forward with `Tensor.bfloat16` made the identity (fixture
-`titan_in_fp32`) and NKIGroupedExperts with compute_dtype="float32". Tolerance: 1e-5 of the
+`titan_in_fp32`) and NKIGroupedExperts with compute_dtype="float32". Tolerances (moe/reference.py TOLERANCE): 1e-5 of the
 tensor's scale (measured: within 3e-7, matmul summation order).
 bf16 (both as shipped): outputs 1e-2 of scale; gradients 2e-2 of scale. Measured: outputs and
 weight gradients bit-identical; the input gradient within 3.4e-3 of scale (one bf16 rounding:
@@ -30,6 +30,9 @@ from neuron_qwen3.config_registry import NKI_EXPERTS_OVERRIDE as OVERRIDE
 from neuron_qwen3.moe import experts as moe_experts
 from neuron_qwen3.moe.experts import NKIGroupedExperts, blockwise_moe_experts
 from neuron_qwen3.moe.layout import BlockLayout, ExpertWeights, max_num_blocks
+from neuron_qwen3.moe.reference import TOLERANCE
+
+FP32, BF16 = TOLERANCE["float32"], TOLERANCE["bfloat16"]
 
 
 @pytest.fixture(autouse=True)
@@ -130,7 +133,7 @@ ALL_CASES = GROUPED_CASES + random_cases()
 def test_matches_grouped_experts_fp32(titan_in_fp32, name, counts, dim, hidden, block_size, block_count):
     counts = torch.tensor(counts)
     titan, nki = make_pair(dim, hidden, len(counts), block_size, "float32", block_count)
-    out_t, gw_n = assert_same_as_torchtitan(titan, nki, counts, dim, seed=1, out_rel=1e-5, grad_rel=1e-5)
+    out_t, gw_n = assert_same_as_torchtitan(titan, nki, counts, dim, seed=1, out_rel=FP32["output"], grad_rel=FP32["gradients"])
     assert out_t.dtype == torch.float32  # the no-op cast held: torchtitan really ran in fp32
     idle = counts == 0
     if idle.any():  # experts that received nothing get exactly zero gradient
@@ -141,7 +144,7 @@ def test_matches_grouped_experts_fp32(titan_in_fp32, name, counts, dim, hidden, 
 def test_matches_grouped_experts_bf16(name, counts, dim, hidden, block_size):
     counts = torch.tensor(counts)
     titan, nki = make_pair(dim, hidden, len(counts), block_size, "bfloat16")
-    assert_same_as_torchtitan(titan, nki, counts, dim, seed=2, out_rel=1e-2, grad_rel=2e-2)
+    assert_same_as_torchtitan(titan, nki, counts, dim, seed=2, out_rel=BF16["output"], grad_rel=BF16["gradients"])
 
 
 def test_rows_past_the_counts_get_zero_output():
@@ -227,7 +230,7 @@ def test_moe_layer_matches_torchtitan(request, fp32):
         grads = {n: p.grad for n, p in layer.named_parameters()}
         results.append((out.detach(), xi.grad, grads))
     (out_t, gx_t, gw_t), (out_n, gx_n, gw_n) = results
-    rel_out, rel_grad = (1e-5, 1e-5) if fp32 else (1e-2, 2e-2)
+    rel_out, rel_grad = (FP32 if fp32 else BF16).values()
     scale_close(out_n, out_t, rel_out)
     scale_close(gx_n, gx_t, rel_grad)
     assert gw_t.keys() == gw_n.keys()
@@ -273,11 +276,11 @@ def test_op_with_routing_weights_matches_routed_experts(titan_in_fp32):
         layout,
     )
     out_n.backward(grad_out)
-    scale_close(out_n.detach(), out_t.detach().view(num_tokens, dim), 1e-5)
-    scale_close(x_n.grad, x_t.grad, 1e-5)
-    scale_close(s_n.grad, s_t.grad, 1e-5)
+    scale_close(out_n.detach(), out_t.detach().view(num_tokens, dim), FP32["output"])
+    scale_close(x_n.grad, x_t.grad, FP32["gradients"])
+    scale_close(s_n.grad, s_t.grad, FP32["gradients"])
     for got, want in zip([w1.grad, w3.grad, w2.grad], w_grads_t):
-        scale_close(got, want, 1e-5)
+        scale_close(got, want, FP32["gradients"])
 
 
 # ---- the op itself -----------------------------------------------------------------------------

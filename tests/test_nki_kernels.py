@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from conftest import REPO, RECIPES
-from test_nki_experts import assert_same_as_torchtitan, make_pair
+from test_nki_experts import FP32, assert_same_as_torchtitan, make_pair
 
 from entrypoint.names import LNC_ENV, MOE_KERNEL_ENV
 from neuron_qwen3 import config_registry
@@ -257,7 +257,7 @@ def test_nki_path_plumbing_with_stand_in_neuron_packages(monkeypatch, titan_in_f
     monkeypatch.setenv(MOE_KERNEL_ENV, "nki")
     counts = torch.tensor([300, 0, 3, 257])  # the smoke MoE's H 512 and I 64, block 256: several blocks, idle expert
     titan, nki = make_pair(512, 64, len(counts), 256, "float32")  # block_count auto: static on the NKI path
-    assert_same_as_torchtitan(titan, nki, counts, 512, seed=6, out_rel=1e-5, grad_rel=1e-5)
+    assert_same_as_torchtitan(titan, nki, counts, 512, seed=6, out_rel=FP32["output"], grad_rel=FP32["gradients"])
     assert ("nki.jit", "trace") in calls
     assert [c for c in calls if c[0] == "grid"] == [("grid", "moe_cte_training", 2), ("grid", "blockwise_mm_bwd", 2)]
     assert sum(c[0] == "spec" for c in calls) == 1  # built inside the traced function, once per call

@@ -11,7 +11,13 @@ import torch.nn.functional as F
 
 from neuron_qwen3.moe.layout import BlockLayout, ExpertWeights, slot_indices
 
-__all__ = ["reference_backward", "reference_forward"]
+__all__ = ["TOLERANCE", "reference_backward", "reference_forward"]
+
+# How close the blocked computation must come to its yardstick, as max |error| / max |expected| per tensor: the
+# CPU tests hold this reference to torchtitan's GroupedExperts with these, and the self-test holds the NKI
+# kernels to this reference with the bfloat16 ones (measured on CPU: fp32 within 3e-7; bf16 outputs and
+# weight gradients bit-identical, input gradients within 3.4e-3).
+TOLERANCE = {"float32": {"output": 1e-5, "gradients": 1e-5}, "bfloat16": {"output": 1e-2, "gradients": 2e-2}}
 
 
 def _block_runs(layout: BlockLayout) -> list[tuple[int, int, int]]:
