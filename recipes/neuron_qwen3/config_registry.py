@@ -14,7 +14,6 @@ from pathlib import Path
 
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.metrics import MetricsProcessor
-from torchtitan.components.optimizer import LRSchedulersContainer
 from torchtitan.experiments.transformers_modeling_backend.config_registry import transformers_modeling_backend_full
 from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
@@ -33,6 +32,7 @@ from torchtitan.models.qwen3.model import Qwen3Model
 from torchtitan.trainer import Trainer
 
 from neuron_qwen3 import hf_rope_fix
+from neuron_qwen3.titan_compat import LRSchedulersContainer
 
 hf_rope_fix.apply()  # the v5 variant trains with NaN loss without it; see hf_rope_fix.py
 
