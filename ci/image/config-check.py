@@ -8,7 +8,6 @@ its experts through) is one line, not a failure: the other variants still run.
 
 import importlib
 import importlib.metadata
-import importlib.util
 import sys
 import traceback
 
@@ -23,7 +22,11 @@ def main() -> int:
         print(f"config-check: FAILED: the recipes do not import on torchtitan {version}:\n"
               f"{traceback.format_exc(limit=4)}", file=sys.stderr)
         return 1
-    has_overrides = importlib.util.find_spec("torchtitan.config.override") is not None
+    try:
+        importlib.import_module("torchtitan.config.override")
+        has_overrides = True
+    except ImportError:
+        has_overrides = False
     failures, built = [], 0
     for variant in VARIANTS.values():
         for scale, name in variant.configs.items():
