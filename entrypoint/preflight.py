@@ -5,7 +5,7 @@ and the launch goes on. Each check is one function returning findings, so tests 
 
 | check | failure | warning |
 |---|---|---|
-| versions | torch, torch-neuronx, transformers or torchtitan off what the image was built with, else the lock | a lock file is missing |
+| versions | torch, torch-neuronx, transformers or torchtitan off image-build.lock, else the locks | a lock is missing |
 | runtime | Neuron devices, no torch_neuronx | |
 | lnc | NEURON_CC_FLAGS `--lnc` differs from NEURON_LOGICAL_NC_CONFIG | |
 | held cores | `neuron-ls -j` shows another process on a device this run uses | |
