@@ -15,8 +15,9 @@
 # 26.04). The tag follows the DLC tag scheme but is UNCONFIRMED: see ci/README.md to check it and
 # to pin it by digest. CI builds on a stand-in (ci/standin/) with BASE_IMAGE=neuron-qwen3-standin:...
 ARG BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:2.14.0-neuronx-py314-sdk2.33.0-ubuntu26.04
-# pypi: torchtitan 0.3.0 from requirements.lock. neuron: the aws-neuron/torchtitan-neuron fork at
-# TORCHTITAN_NEURON_REF installed over it (its wheel cannot be fetched in CI: this seam is untested).
+# pypi (supported): torchtitan 0.3.0 from requirements.lock. neuron: the aws-neuron/torchtitan-neuron fork at
+# TORCHTITAN_NEURON_REF installed over it (its wheel cannot be fetched in CI: this seam is untested; the
+# config check below fails the build if the recipes do not fit it). README: "TORCHTITAN=neuron".
 ARG TORCHTITAN=pypi
 ARG TORCHTITAN_NEURON_REF=release-2.33
 
@@ -65,24 +66,33 @@ COPY --from=packages /opt/neuron-qwen3/venv /opt/neuron-qwen3/venv
 WORKDIR /opt/neuron-qwen3
 # The launcher's preflight checks the installed torch/torchtitan/transformers against these.
 COPY requirements.lock requirements-torch.lock ./
-COPY ci/image/code-check.py tools/code-check.py
+COPY ci/image/code-check.py ci/image/config-check.py ci/image/record-build.py tools/
 COPY entrypoint/ entrypoint/
 COPY recipes/ recipes/
 # Byte-compile the code (the user cannot write __pycache__ here), check that every package it imports
-# is installed (a second, without importing torch), and that the launcher starts. A .pth file in the venv
-# puts recipes/ on every interpreter's path, so the article's hand-typed `torchrun ... -m torchtitan.train
-# --module neuron_qwen3` finds the recipes without the launcher's PYTHONPATH (checked from /, outside WORKDIR).
+# is installed (a second, without importing torch), build every config function on this image's torchtitan
+# (either TORCHTITAN: a torchtitan the recipes do not fit fails `make image`, not the first run; offline, no
+# device, throwaway HOME and HF_HOME), record what the image was built with for the launcher's preflight
+# (image-build.lock: a LABEL is not visible inside the container), and check that the launcher starts.
+# A .pth file in the venv puts recipes/ and the launcher's stdlib modules they read (entrypoint.*) on every
+# interpreter's path, so the article's hand-typed `torchrun ... -m torchtitan.train --module neuron_qwen3` finds
+# them without the launcher's PYTHONPATH (checked from /, outside WORKDIR).
+ARG TORCHTITAN
 RUN python3 -m compileall -q entrypoint recipes \
  && python3 tools/code-check.py entrypoint recipes \
- && echo /opt/neuron-qwen3/recipes > "$(python3 -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/neuron-qwen3-recipes.pth" \
- && (cd / && python3 -c "import neuron_qwen3") \
+ && HOME=/tmp/config-check HF_HOME=/tmp/config-check HF_HUB_OFFLINE=1 PYTHONPATH=recipes:. \
+    python3 tools/config-check.py \
+ && rm -rf /tmp/config-check \
+ && python3 tools/record-build.py "${TORCHTITAN}" >image-build.lock \
+ && printf '%s\n' /opt/neuron-qwen3/recipes /opt/neuron-qwen3 \
+    > "$(python3 -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/neuron-qwen3-recipes.pth" \
+ && (cd / && python3 -c "import neuron_qwen3, entrypoint.models") \
  && python3 -m entrypoint --list
 
 USER ${APP_UID}
 
 # Last, so that a new revision or version only rewrites metadata. ci/build_image.py passes each one.
 ARG BASE_IMAGE
-ARG TORCHTITAN
 ARG TORCHTITAN_NEURON_REF
 ARG VCS_REF=unknown
 ARG BUILD_DATE=unknown

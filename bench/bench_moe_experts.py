@@ -24,8 +24,8 @@ import torch
 
 from torchtitan.models.common.moe import GroupedExperts
 
-from neuron_qwen3.moe_layout import num_blocks_exact
-from neuron_qwen3.nki_experts import NKIGroupedExperts
+from neuron_qwen3.moe.experts import NKIGroupedExperts
+from neuron_qwen3.moe.layout import blocks_per_expert
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,14 @@ class Shape:
 
 SHAPES = {
     "smoke": [
-        # the recipe's smoke MoE model (dim 128, moe hidden 64, 8 experts, top-2), batch 2 x seq 256
-        Shape("smoke_moe", 128, 64, 8, 2, 512, 128),
+        # the recipe's smoke MoE model (dim 512, moe hidden 64, 8 experts, top-2), batch 2 x seq 256
+        Shape("smoke_moe", 512, 64, 8, 2, 512, 256),
         Shape("smoke_dim64", 64, 128, 4, 2, 256, 32),
     ],
     "qwen3_30b": [
-        # one Qwen3-30B-A3B MoE layer (dim 2048, moe hidden 768, 128 experts, top-8), few tokens
+        # one Qwen3-30B-A3B MoE layer (dim 2048, moe hidden 768, 128 experts, top-8), few tokens; the kernels
+        # take blocks of 256, 512, 1024 (the config's 256); smaller ones show what padding costs the reference
+        Shape("30b_a3b_t512_b256", 2048, 768, 128, 8, 512, 256),
         Shape("30b_a3b_t512_b128", 2048, 768, 128, 8, 512, 128),
         Shape("30b_a3b_t512_b32", 2048, 768, 128, 8, 512, 32),
         Shape("30b_a3b_t2048_b128", 2048, 768, 128, 8, 2048, 128),
@@ -105,7 +107,7 @@ def step(module, x, counts, grad_out, device) -> float:
 
 def bench(shape: Shape, device: torch.device, param_dtype: torch.dtype, iters: int, warmup: int) -> dict:
     titan, nki, x, counts, grad_out = build(shape, device, param_dtype, seed=0)
-    pad = num_blocks_exact(counts, shape.block_size) * shape.block_size / x.shape[0]
+    pad = int(blocks_per_expert(counts, shape.block_size).sum()) * shape.block_size / x.shape[0]
     for _ in range(warmup):
         step(titan, x, counts, grad_out, device)
         step(nki, x, counts, grad_out, device)

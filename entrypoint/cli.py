@@ -33,6 +33,8 @@ def parser():
     cli.add_argument("--check", action="store_true",
                      help="the plan and every preflight check; starts and creates nothing; exit 0 if it would launch")
     cli.add_argument("--list", action="store_true", help="list the variants and the Qwen3 models MODEL accepts")
+    cli.add_argument("--self-test", action="store_true",
+                     help="on a trn2: devices, runtime, the NKI MoE kernels, a few native steps; one verdict line each")
     return cli
 
 
@@ -112,6 +114,10 @@ def main(argv=None) -> int:
         say(f"warning: {line}", token)
     try:
         settings = contract.parse(os.environ)
+        if args.self_test:  # recipes/neuron_qwen3/selftest.py, in a child: the launcher never imports torch
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (plan.RECIPES, plan.REPO,
+                                                                               os.environ.get("PYTHONPATH"))))}
+            return launch.run([sys.executable, "-m", "neuron_qwen3.selftest"], env, settings.stop_grace)
         resolved = plan.build(settings, discovery.discover(settings), os.environ, torchtitan_args)
     except contract.UsageError as error:
         say(str(error), token)

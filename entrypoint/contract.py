@@ -12,6 +12,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
 
+from entrypoint import names
 from entrypoint.models import MODELS
 from entrypoint.variants import DEFAULT_VARIANT, RECIPE_MODULE, SCALES, VARIANTS
 
@@ -219,8 +220,8 @@ VARS = (
     Var("CHECKPOINT_DIR", None, "a path",
         "checkpoints (`step-N/`), shared by every node; set: save every CHECKPOINT_INTERVAL steps and resume from "
         "the newest complete one; unset: no checkpoints", group="paths"),
-    Var("NEURON_LOGICAL_NC_CONFIG", "2", "one of: 1, 2",
-        "physical NeuronCores per logical core: 2 -> 4 cores per trn2 device, 1 -> 8", choice(("1", "2"))),
+    Var(names.LNC_ENV, names.LNC_DEFAULT, "one of: " + ", ".join(names.LNC_CHOICES),
+        "physical NeuronCores per logical core: 2 -> 4 cores per trn2 device, 1 -> 8", choice(names.LNC_CHOICES)),
     Var("NEURON_RT_VISIBLE_CORES", None, "a core list like 3, 0-3 or 0-3,8 (ascending, no repeats)",
         "logical NeuronCores to use; default all", core_list),
     Var("CUDA_VISIBLE_DEVICES", None, "a comma list of GPU indices", "GPUs to use; empty: none", comma_list),
@@ -228,9 +229,9 @@ VARS = (
         "or the workers), whitespace stripped; never printed", secret=True),
     Var("HF_HUB_OFFLINE", "0", "one of: " + ", ".join(SWITCH),
         "1: never download; full-scale assets missing from ASSETS_DIR is then an error", switch),
-    Var("NEURON_QWEN3_MOE_KERNEL", "auto", "one of: auto, nki, reference",
+    Var(names.MOE_KERNEL_ENV, names.MOE_KERNEL_DEFAULT, "one of: " + ", ".join(names.MOE_KERNELS),
         "nki_moe expert kernel, read by the workers: `auto` is NKI on Neuron and the PyTorch reference elsewhere",
-        choice(("auto", "nki", "reference"))),
+        names.moe_kernel),
     Var("NEURON_QWEN3_ROOT", "/", "a path",
         "filesystem root for device discovery and the /dev checks (tests point it at a fake `/dev`)"),
     # ---- multi-node: plain variables win over an engine's, field by field

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from entrypoint import names
 from entrypoint.contract import Settings, UsageError
 
 PHYSICAL_CORES_PER_DEVICE = 8  # trn2: 8 NeuronCore-v3 per Trainium2 device
@@ -50,7 +51,7 @@ def run_neuron_ls():
         return None
 
 
-def neuron(root="/", lnc=2, visible=None, listing=None):
+def neuron(root="/", lnc=int(names.LNC_DEFAULT), visible=None, listing=None):
     """Logical NeuronCores from a neuron-ls listing (nc_count is LNC-adjusted), else /dev/neuronN x (8 // LNC)."""
     held = ()
     if listing:

@@ -17,8 +17,8 @@ from entrypoint.variants import VARIANTS
 REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 RECIPES = os.path.join(REPO, "recipes")
 # Every worker ends in neuron_qwen3.trainer (torchtitan's main with the project's run hooks); the CPU worker
-# applies the CPU adapter before torchtitan is imported.
-WORKER = {"neuron": "neuron_qwen3.trainer", "cuda": "neuron_qwen3.trainer", "cpu": "neuron_qwen3.cpu_worker"}
+# applies the CPU adapter, the Neuron worker imports torch_neuronx, before torchtitan is imported.
+WORKER = {"neuron": "neuron_qwen3.neuron_worker", "cuda": "neuron_qwen3.trainer", "cpu": "neuron_qwen3.cpu_worker"}
 COMPILE_BACKEND = {"neuron": "neuron", "cuda": "inductor", "cpu": "inductor"}
 UNIT = {"neuron": "logical NeuronCores", "cuda": "GPUs", "cpu": "CPU cores"}
 # Device memory per logical NeuronCore on trn2 (96 GiB per device) by NEURON_LOGICAL_NC_CONFIG.
@@ -180,7 +180,7 @@ def cache_dirs(settings: Settings, kind: str) -> dict:
 
 
 def env_additions(settings: Settings, devices: Devices, nproc: int, model: str | None, environ) -> dict:
-    # the recipes, and the launcher's stdlib modules they read (entrypoint.models), importable from any directory
+    # the recipes, and the launcher's stdlib modules they read (entrypoint.models, .names), from any directory
     env = {"PYTHONPATH": os.pathsep.join(filter(None, (RECIPES, REPO, environ.get("PYTHONPATH")))),
            "PYTHONUNBUFFERED": "1"}
     if model:

@@ -5,7 +5,7 @@ and the launch goes on. Each check is one function returning findings, so tests 
 
 | check | failure | warning |
 |---|---|---|
-| versions | torch, torch-neuronx, transformers or torchtitan off its pin in the lock | a lock file is missing |
+| versions | torch, torch-neuronx, transformers or torchtitan off image-build.lock, else the locks | a lock is missing |
 | runtime | Neuron devices, no torch_neuronx | |
 | lnc | NEURON_CC_FLAGS `--lnc` differs from NEURON_LOGICAL_NC_CONFIG | |
 | held cores | `neuron-ls -j` shows another process on a device this run uses | |
@@ -27,7 +27,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-from entrypoint import checkpoints, fetch_assets, hf_folder, models
+from entrypoint import checkpoints, fetch_assets, hf_folder, models, names
 from entrypoint.contract import Settings
 from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
 from entrypoint.plan import CACHE_VARS as CACHE_VARS_BY_KIND
@@ -35,6 +35,7 @@ from entrypoint.plan import RECIPES, REPO, Plan, init_source
 from entrypoint.variants import VARIANTS
 
 CHECKED = ("torch", "torch-neuronx", "transformers", "torchtitan")
+IMAGE_BUILD = "image-build.lock"  # written by the image build (ci/image/record-build.py); only in the image
 IMAGE_LOCK = "requirements.lock"  # what the image installs on top of the Neuron DLC
 HOST_LOCK = "requirements-torch.lock"  # the torch of hosts without the DLC (dev machines, CI, the stand-in base)
 SHM_MIN_BYTES = 1 << 30
@@ -77,32 +78,46 @@ def _same(installed, pinned):
     return installed == pinned or ("+" not in pinned and installed.split("+")[0] == pinned)
 
 
-def versions(lock_dir=REPO, version=importlib.metadata.version, neuron_dlc=None) -> list:
-    """The installed versions of CHECKED against the locks baked into the image (missing lock: skip, warn).
+def built_with(lock_dir=REPO) -> str | None:
+    """The TORCHTITAN build arg the image was built with (its label, recorded in IMAGE_BUILD); None outside an image."""
+    try:
+        with open(os.path.join(lock_dir, IMAGE_BUILD)) as f:
+            return next((line.split("=", 1)[1].strip() for line in f if line.startswith("# TORCHTITAN=")), None)
+    except FileNotFoundError:
+        return None
 
+
+def versions(lock_dir=REPO, version=importlib.metadata.version, neuron_dlc=None) -> list:
+    """The installed versions of CHECKED against what the image was built with, else against the locks.
+
+    In the image, IMAGE_BUILD records the base's torch and torch-neuronx (no lock pins them: they come with the DLC)
+    and the torchtitan of its TORCHTITAN build arg (the fork replaces the lock's 0.3.0); its versions come first.
     requirements-torch.lock pins the torch of hosts without the Neuron DLC, so it is not read where torch_neuronx
-    is installed: there torch and torch-neuronx come with the DLC, which no lock here pins."""
+    is installed. A missing lock is a warning and skips its pins; IMAGE_BUILD exists only in the image."""
     if neuron_dlc is None:
         neuron_dlc = importlib.util.find_spec("torch_neuronx") is not None
     findings, pinned = [], {}
-    for lock in (IMAGE_LOCK,) if neuron_dlc else (IMAGE_LOCK, HOST_LOCK):
+    label = built_with(lock_dir)
+    for lock in (IMAGE_BUILD, IMAGE_LOCK) if neuron_dlc else (IMAGE_BUILD, IMAGE_LOCK, HOST_LOCK):
         path = os.path.join(lock_dir, lock)
         try:
             for name, found in pins(path).items():
                 pinned.setdefault(name, (lock, found))
         except FileNotFoundError:
-            findings.append(warn(f"no {path}: installed package versions not checked against it"))
+            if lock != IMAGE_BUILD:
+                findings.append(warn(f"no {path}: installed package versions not checked against it"))
     for name in CHECKED:
         if name not in pinned:
             continue
         lock, wanted = pinned[name]
+        source = f"{lock} (this image was built with TORCHTITAN={label})" if lock == IMAGE_BUILD else lock
         try:
             have = version(name)
         except importlib.metadata.PackageNotFoundError:
-            findings.append(fail(f"{name} is not installed but {lock} pins {' or '.join(sorted(wanted))}"))
+            findings.append(fail(f"{name} is not installed but {source} pins {' or '.join(sorted(wanted))}"))
             continue
         if not any(_same(have, pin) for pin in wanted):
-            findings.append(fail(f"{name} {have} is installed but {lock} pins {' or '.join(sorted(wanted))}: "
+            findings.append(fail(f"{name} {have} is installed but {source} pins {' or '.join(sorted(wanted))}: "
                                  "rebuild the image (or `make venv`), or PREFLIGHT=warn to run anyway"))
     return findings
 
@@ -140,7 +155,7 @@ def held_cores(plan: Plan) -> list:
     if devices.visible_cores is None:
         used = set(devices.nodes)
     else:  # logical core c sits on device c // (logical cores per device)
-        per_device = PHYSICAL_CORES_PER_DEVICE // (devices.lnc or 2)
+        per_device = PHYSICAL_CORES_PER_DEVICE // (devices.lnc or int(names.LNC_DEFAULT))
         used = {f"neuron{core // per_device}" for core in devices.visible_cores}
     busy = [(node, pid, command) for node, pid, command in devices.held if node in used]
     if not busy:

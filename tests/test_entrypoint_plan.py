@@ -40,7 +40,7 @@ def after(argv, flag):
 def test_article_launch_for_every_platform_variant_and_scale(kind, variant, scale):
     p = build(kind, VARIANT=variant.name, SCALE=scale)
     nproc = 1 if kind == "cpu" else DEVICES[kind].count
-    worker = "neuron_qwen3.cpu_worker" if kind == "cpu" else "neuron_qwen3.trainer"
+    worker = {"cpu": "neuron_qwen3.cpu_worker", "neuron": "neuron_qwen3.neuron_worker"}.get(kind, "neuron_qwen3.trainer")
     n = 6 + len(ARTICLE)
     assert list(p.argv[:n]) == [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *ARTICLE,
                                 "-m", worker]

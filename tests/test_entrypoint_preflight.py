@@ -90,6 +90,38 @@ def test_a_missing_lock_is_a_warning_and_skips_its_pins(tmp_path):
     assert [(f.fatal, "requirements.lock" in f.text) for f in found] == [(False, True)]
 
 
+FORK_BUILD = """# written at image build by ci/image/record-build.py
+# TORCHTITAN=neuron
+torch==2.14.0
+torch-neuronx==2.14.3.1
+torchtitan==0.2.2+neuron.1
+transformers==5.16.0
+"""
+
+
+def test_in_an_image_built_with_the_fork_its_recorded_torchtitan_is_the_one_checked(tmp_path):
+    (locks(tmp_path, IMAGE_LOCK, HOST_LOCK) / preflight.IMAGE_BUILD).write_text(FORK_BUILD)
+    assert preflight.built_with(tmp_path) == "neuron"
+    fork = {"torch": "2.14.0", "torch-neuronx": "2.14.3.1", "torchtitan": "0.2.2+neuron.1", "transformers": "5.16.0"}
+    assert preflight.versions(tmp_path, fake_version(fork), neuron_dlc=True) == []
+    found = preflight.versions(tmp_path, fake_version({**fork, "torchtitan": "0.3.0"}), neuron_dlc=True)
+    assert [f.text.split(":")[0] for f in found] == [
+        "torchtitan 0.3.0 is installed but image-build.lock (this image was built with TORCHTITAN=neuron) pins "
+        "0.2.2+neuron.1"]
+
+
+def test_the_bases_torch_neuronx_is_checked_against_the_build_record(tmp_path):
+    (locks(tmp_path, IMAGE_LOCK, HOST_LOCK) / preflight.IMAGE_BUILD).write_text(FORK_BUILD)
+    changed = {"torch": "2.14.0", "torch-neuronx": "2.14.4.0", "torchtitan": "0.2.2+neuron.1", "transformers": "5.16.0"}
+    found = preflight.versions(tmp_path, fake_version(changed), neuron_dlc=True)
+    assert len(found) == 1 and found[0].fatal and found[0].text.startswith("torch-neuronx 2.14.4.0 is installed")
+
+
+def test_outside_an_image_there_is_no_build_record_and_no_warning_about_it(tmp_path):
+    assert preflight.built_with(locks(tmp_path, IMAGE_LOCK, HOST_LOCK)) is None
+    assert preflight.versions(tmp_path, fake_version(INSTALLED), neuron_dlc=False) == []
+
+
 def test_this_venv_matches_its_own_locks():
     assert [f.text for f in preflight.versions() if f.fatal] == []
 

@@ -24,12 +24,14 @@ def test_dense_smoke_count_by_hand():
 
 
 def test_moe_smoke_counts_only_the_experts_a_token_uses():
+    # The MoE smoke twin: dim 512 (the NKI kernels' smallest H), 2 layers, 4 heads of 32, 2 kv heads, 4 experts of
+    # 64, top 2, vocab 2048, untied head.
     shape = flops.shape_of(config_registry.nki_moe_qwen3_smoke().model_spec.model)
-    assert (shape.experts, shape.top_k, shape.expert_hidden, shape.ffn_hidden) == (8, 2, 64, 0)
-    attention = 49_152
-    moe = 128 * 8 + 2 * 3 * 128 * 64  # router + two of the eight experts = 50,176
-    head = 128 * 2048  # untied here: the head is its own weight, the embedding is a lookup
-    assert flops.per_token(shape, SEQ) == 6 * (2 * (attention + moe) + head) + 12 * 2 * 4 * 32 * SEQ == 3_551_232
+    assert (shape.dim, shape.experts, shape.top_k, shape.expert_hidden, shape.ffn_hidden) == (512, 4, 2, 64, 0)
+    attention = 512 * 128 + 512 * 64 + 512 * 64 + 128 * 512  # wq, wk, wv, wo = 196,608
+    moe = 512 * 4 + 2 * 3 * 512 * 64  # router + two of the four experts = 198,656
+    head = 512 * 2048  # untied here: the head is its own weight, the embedding is a lookup
+    assert flops.per_token(shape, SEQ) == 6 * (2 * (attention + moe) + head) + 12 * 2 * 4 * 32 * SEQ == 11_821_056
 
 
 def test_v5_reads_the_same_shape_from_the_hugging_face_config():

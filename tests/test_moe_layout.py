@@ -1,4 +1,4 @@
-"""The nkilib blockwise layout built by moe_layout.py: properties over many random routings.
+"""The nkilib blockwise layout built by moe/layout.py: properties over many random routings.
 
 Run: .venv/bin/python -m pytest tests/test_moe_layout.py -q
 
@@ -16,16 +16,16 @@ import torch
 
 from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
 
-from neuron_qwen3.moe_layout import (
+from moe_routing import dispatch_order, expert_affinities_masked, num_blocks_exact, routing_to_block_layout
+
+from neuron_qwen3.moe.layout import (
+    BlockLayout,
     blocks_per_expert,
-    dispatch_order,
-    expert_affinities_masked,
     max_num_blocks,
-    num_blocks_exact,
     pack_down,
     pack_gate_up,
     presorted_block_layout,
-    routing_to_block_layout,
+    unit_affinities,
     unpack_down,
     unpack_gate_up,
 )
@@ -211,3 +211,14 @@ def test_packing_sends_gradients_back_in_torchtitan_layout():
     torch.autograd.backward([pack_gate_up(w1, w3), pack_down(w2)], [grad_gate_up, grad_down])
     g1, g3 = unpack_gate_up(grad_gate_up)
     assert torch.equal(w1.grad, g1) and torch.equal(w3.grad, g3) and torch.equal(w2.grad, unpack_down(grad_down))
+
+
+def test_unit_affinities_mark_every_routed_slot_and_nothing_else():
+    counts = torch.tensor([3, 0, 2])
+    layout = presorted_block_layout(counts, num_rows=6, block_size=2)  # rows 0-2 expert 0, rows 3-4 expert 2, row 5 none
+    dense = unit_affinities(layout, 3, torch.float32).view(7, 3)
+    expected = torch.zeros(7, 3)
+    expected[[0, 1, 2], 0] = 1
+    expected[[3, 4], 2] = 1
+    assert torch.equal(dense, expected)  # the spare row 5 and the padding row 6 stay zero
+    assert isinstance(layout, BlockLayout) and layout.num_tokens == 6

@@ -56,7 +56,7 @@ def test_smoke_trains_with_falling_loss(variant, nproc, tmp):
 def test_nki_moe_replaces_every_moe_layer(tmp):
     result = launch("nki_moe", 1, tmp)
     log = ANSI.sub("", result.stdout + result.stderr)
-    replaced = re.findall(r"\[Override\] neuron_qwen3\.nki_experts\.nki_grouped_experts: (\S+)", log)
+    replaced = re.findall(r"\[Override\] neuron_qwen3\.moe\.experts\.nki_grouped_experts: (\S+)", log)
     assert replaced == [f"model_spec.model.layers.{i}.moe.routed_experts.inner_experts"
                         for i in range(SMOKE_MOE_LAYERS)], replaced
     assert f"Applied {SMOKE_MOE_LAYERS} override(s)" in log

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.components.metrics import MetricsProcessor
-from torchtitan.components.optimizer import LRSchedulersContainer
 from torchtitan.experiments.transformers_modeling_backend.config_registry import transformers_modeling_backend_full
 from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
@@ -44,12 +43,13 @@ from entrypoint.contract import VARS
 from entrypoint.models import MODELS, repo_name
 from entrypoint.variants import VARIANTS
 from neuron_qwen3 import data, hf_rope_fix
+from neuron_qwen3.titan_compat import LRSchedulersContainer
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 SMOKE_TOKENIZER = ASSETS / "tokenizer"
 SMOKE_CORPUS = ASSETS / "corpus"
 SMOKE_HF_MODEL = ASSETS / "hf_qwen3_tiny"  # config.json of a Qwen3ForCausalLM at smoke size
-NKI_EXPERTS_OVERRIDE = "neuron_qwen3.nki_experts.nki_grouped_experts"
+NKI_EXPERTS_OVERRIDE = "neuron_qwen3.moe.experts.nki_grouped_experts"
 
 
 ASSETS_DIR = next(var.default for var in VARS if var.name == "ASSETS_DIR")  # the article's ./assets/hf
@@ -162,7 +162,11 @@ def nki_moe_qwen3() -> Trainer.Config:
 # ---- smoke twins -------------------------------------------------------------------------------
 
 SMOKE = dict(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, hidden_dim=384, vocab_size=2048)
-SMOKE_MOE = dict(num_experts=8, top_k=2, moe_hidden_dim=64)
+# The MoE smoke model's dim and expert hidden dim are the smallest the NKI kernels take (H 512, I a multiple
+# of 32 per logical core at LNC 2; moe/nki_kernels.py), so CPU runs the very block layout Trainium will. Blocks
+# hold 256 rows: 4 experts and 128-token sequences keep the padded blocks (and CI's CPU time) small.
+SMOKE_MOE = dict(dim=512, num_experts=4, top_k=2, moe_hidden_dim=64)
+SMOKE_MOE_SEQ_LEN = 128
 
 
 def _smoke_training(config: Trainer.Config) -> Trainer.Config:
@@ -180,25 +184,26 @@ def _smoke_training(config: Trainer.Config) -> Trainer.Config:
 
 
 def _small_qwen3(s: dict, moe: dict | None) -> Qwen3Model.Config:
-    """A Qwen3 of shape `s` built by torchtitan's own layer builders, dense or (with `moe`) MoE."""
+    """A Qwen3 of shape `s` built by torchtitan's own layer builders, dense or (with `moe`) MoE; `moe` may give
+    the MoE model its own dim."""
+    dim = moe.get("dim", s["dim"]) if moe else s["dim"]
+    moe_sizes = {k: v for k, v in (moe or {}).items() if k != "dim"}
     common = dict(
-        n_layers=s["n_layers"], dim=s["dim"], n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"],
+        n_layers=s["n_layers"], dim=dim, n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"],
         head_dim=s["head_dim"], attn_backend="flex",
         rope=CosSinRoPE.Config(dim=s["head_dim"], max_seq_len=4096, theta=1000000.0),
     )
     if moe:
-        layers = _build_qwen3_moe_layers(**common, **moe, moe_comm_backend="standard")
+        layers = _build_qwen3_moe_layers(**common, **moe_sizes, moe_comm_backend="standard")
     else:
         layers = _build_qwen3_layers(**common, hidden_dim=s["hidden_dim"])
     return Qwen3Model.Config(
         vocab_size=s["vocab_size"],
-        dim=s["dim"],
-        norm=_qwen3_norm(s["dim"]),
+        dim=dim,
+        norm=_qwen3_norm(dim),
         enable_weight_tying=not moe,
-        tok_embeddings=Embedding.Config(
-            num_embeddings=s["vocab_size"], embedding_dim=s["dim"], param_init=_EMBEDDING_INIT
-        ),
-        lm_head=Linear.Config(in_features=s["dim"], out_features=s["vocab_size"], param_init=_LINEAR_INIT),
+        tok_embeddings=Embedding.Config(num_embeddings=s["vocab_size"], embedding_dim=dim, param_init=_EMBEDDING_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=s["vocab_size"], param_init=_LINEAR_INIT),
         layers=layers,
     )
 
@@ -219,7 +224,9 @@ def native_qwen3_smoke() -> Trainer.Config:
 
 
 def nki_moe_qwen3_smoke() -> Trainer.Config:
-    return _with_small_model(nki_moe_qwen3_30b_a3b(), "smoke_moe", SMOKE, SMOKE_MOE)
+    config = _with_small_model(nki_moe_qwen3_30b_a3b(), "smoke_moe", SMOKE, SMOKE_MOE)
+    config.training.seq_len = SMOKE_MOE_SEQ_LEN
+    return config
 
 
 def native_moe_qwen3_smoke() -> Trainer.Config:

@@ -1,7 +1,8 @@
-"""The nkilib blockwise MoE layout, in plain torch: routing -> blocks, affinities, weight packing.
+"""The nkilib blockwise MoE layout, in plain torch: rows grouped by expert -> blocks, affinities, weight packing.
 
-The block layout is shared by both paths of `nki_experts.py` (NKI kernels, PyTorch reference); the
-weight packing is the NKI seam's (nki_kernels.py). No Neuron imports.
+The block layout is shared by both paths of `experts.py` (NKI kernels, PyTorch reference); the
+weight packing is the NKI seam's (nki_kernels.py). No Neuron imports. Building a layout from top-k
+routing (rather than from torchtitan's already-grouped rows) is test-only: tests/moe_routing.py.
 
 Shape letters (torchtitan's suffix legend, plus the kernel's names):
     T tokens (rows of the hidden states; row T is the zero padding row), K top-k,
@@ -36,17 +37,15 @@ import torch
 
 __all__ = [
     "BlockLayout",
+    "ExpertWeights",
     "blocks_per_expert",
     "build_block_layout",
-    "dispatch_order",
-    "expert_affinities_masked",
     "max_num_blocks",
-    "num_blocks_exact",
     "pack_down",
     "pack_gate_up",
     "presorted_block_layout",
-    "routing_to_block_layout",
-    "scatter_affinities",
+    "slot_indices",
+    "unit_affinities",
     "unpack_down",
     "unpack_gate_up",
 ]
@@ -68,6 +67,21 @@ class BlockLayout:
         return self.block_to_expert.shape[0]
 
 
+@dataclass(frozen=True)
+class ExpertWeights:
+    """The experts' weights in torchtitan's layout (GroupedExperts): what the op, the reference and the kernels take."""
+
+    w1_EFD: torch.Tensor  # gate [E, F, D]
+    w3_EFD: torch.Tensor  # up [E, F, D]
+    w2_EDF: torch.Tensor  # down [E, D, F]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(E, F, D) = (experts, expert hidden dim I, model dim H)."""
+        num_experts, hidden, dim = self.w1_EFD.shape
+        return num_experts, hidden, dim
+
+
 # ---- block counts ------------------------------------------------------------------------------
 
 
@@ -75,11 +89,6 @@ def blocks_per_expert(num_tokens_per_expert_E: torch.Tensor, block_size: int) ->
     """ceil(count_e / B) for every expert (0 for an expert with no tokens)."""
     _check_block_size(block_size)
     return torch.div(num_tokens_per_expert_E + (block_size - 1), block_size, rounding_mode="floor")
-
-
-def num_blocks_exact(num_tokens_per_expert_E: torch.Tensor, block_size: int) -> int:
-    """N = sum_e ceil(count_e / B). Synchronizes with the device (reads one number)."""
-    return int(blocks_per_expert(num_tokens_per_expert_E, block_size).sum().item())
 
 
 def max_num_blocks(num_routed: int, num_experts: int, block_size: int) -> int:
@@ -96,19 +105,7 @@ def max_num_blocks(num_routed: int, num_experts: int, block_size: int) -> int:
     return num_experts + (num_routed - num_experts) // block_size
 
 
-# ---- dispatch and layout -----------------------------------------------------------------------
-
-
-def dispatch_order(topk_expert_ids_TK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stable sort of the routed pairs by expert, as torchtitan's LocalTokenDispatcher does.
-
-    Returns (token_ids_S, expert_ids_S): for each routed pair in dispatch order, its token and
-    its expert; expert_ids_S is ascending and ties keep ascending token order.
-    """
-    top_k = topk_expert_ids_TK.shape[-1]
-    flat_ids_S = topk_expert_ids_TK.reshape(-1)
-    order_S = torch.argsort(flat_ids_S, stable=True)
-    return order_S // top_k, flat_ids_S[order_S]
+# ---- the layout ------------------------------------------------------------------------------
 
 
 def build_block_layout(
@@ -172,19 +169,6 @@ def build_block_layout(
     )
 
 
-def routing_to_block_layout(
-    topk_expert_ids_TK: torch.Tensor,
-    num_experts: int,
-    block_size: int,
-    num_blocks: int | None = None,
-) -> BlockLayout:
-    """Per-token top-k expert ids [T, K] -> the block layout of those T tokens."""
-    num_tokens = topk_expert_ids_TK.shape[0]
-    token_ids_S, expert_ids_S = dispatch_order(topk_expert_ids_TK)
-    counts_E = torch.bincount(expert_ids_S, minlength=num_experts)
-    return build_block_layout(token_ids_S, counts_E, num_tokens, block_size, num_blocks)
-
-
 def presorted_block_layout(
     num_tokens_per_expert_E: torch.Tensor,
     num_rows: int,
@@ -204,31 +188,23 @@ def presorted_block_layout(
 # ---- affinities --------------------------------------------------------------------------------
 
 
-def scatter_affinities(
-    token_ids_S: torch.Tensor,
-    expert_ids_S: torch.Tensor,
-    scores_S: torch.Tensor,
-    num_tokens: int,
-    num_experts: int,
-) -> torch.Tensor:
-    """Routing weights of (token, expert) pairs -> expert_affinities_masked [(T+1)*E, 1].
+def slot_indices(layout: BlockLayout, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per block slot: the token row it reads, and the flat index of its affinity (token*E + expert)."""
+    token_P = layout.token_position_to_id.to(torch.int64)
+    expert_P = layout.block_to_expert.reshape(-1).to(torch.int64).repeat_interleave(layout.block_size)
+    return token_P, token_P * num_experts + expert_P
 
-    Differentiable in `scores_S`. A (token, expert) pair must appear at most once.
+
+def unit_affinities(layout: BlockLayout, num_experts: int, dtype: torch.dtype) -> torch.Tensor:
+    """expert_affinities_masked [(T+1)*E, 1] with 1 for every (token, expert) slot of the layout.
+
+    For experts whose routing weights are applied elsewhere (torchtitan's combine): the
+    kernel's post-scaling becomes the identity. The padding row T stays zero.
     """
-    index_S = token_ids_S.to(torch.int64) * num_experts + expert_ids_S.to(torch.int64)
-    flat = scores_S.new_zeros((num_tokens + 1) * num_experts)
-    return flat.index_put((index_S,), scores_S.reshape(-1)).unsqueeze(1)
-
-
-def expert_affinities_masked(
-    topk_scores_TK: torch.Tensor, topk_expert_ids_TK: torch.Tensor, num_experts: int
-) -> torch.Tensor:
-    """Top-k routing weights [T, K] -> expert_affinities_masked [(T+1)*E, 1] (row T all zero)."""
-    num_tokens, top_k = topk_expert_ids_TK.shape
-    token_ids_S = torch.arange(num_tokens, device=topk_expert_ids_TK.device).repeat_interleave(top_k)
-    return scatter_affinities(
-        token_ids_S, topk_expert_ids_TK.reshape(-1), topk_scores_TK.reshape(-1), num_tokens, num_experts
-    )
+    token_P, index_P = slot_indices(layout, num_experts)
+    flat = torch.zeros((layout.num_tokens + 1) * num_experts, dtype=dtype, device=token_P.device)
+    flat.index_put_((index_P,), (token_P != layout.num_tokens).to(dtype))
+    return flat.unsqueeze(1)
 
 
 # ---- weight packing ----------------------------------------------------------------------------

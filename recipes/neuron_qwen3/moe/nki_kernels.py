@@ -1,0 +1,236 @@
+"""The Neuron seam: nkilib's blockwise MoE kernels as torch ops on TorchNeuron, and their shape limits.
+
+The only module of the recipe that touches `torch_neuronx`, `nki` or `nkilib`, and only inside
+functions: importing it is free anywhere. `experts.py` calls `moe_cte_forward` and
+`blockwise_mm_backward` when its op runs on a `neuron` device (or when NEURON_QWEN3_MOE_KERNEL=nki);
+off Neuron they raise ImportError naming the missing package.
+
+    forward:  nkilib.core.moe.moe_cte.moe_cte, implementation shard_on_i with
+              checkpoint_activation=True -> (out [T+1, H], gate_up_activations_T [N, 2, I, B],
+              down_activations [N, B, H]); affinities applied after the down projection
+              (POST_SCALE, the default), SiLU, bf16 compute.
+    backward: nkilib.experimental.moe.bwd.blockwise_mm_backward.blockwise_mm_bwd (dropless), fed
+              the two checkpoints -> grads of hidden_states [T+1, H], affinities [(T+1)*E, 1],
+              gate_up_proj_weight [E, H, 2, I], down_proj_weight [E, I, H].
+
+The forward is called the way AWS's own torch wrapper of moe_cte calls it (vllm-neuron): flat
+scalars and the implementation enum go into our own `@nki.jit(mode="trace")` function, which builds
+the `MoECTESpec` inside the trace, and the torch side calls `wrap_nki(that)[lnc](**kwargs)`; no
+dataclass crosses `wrap_nki`. The ops take torchtitan's weight layout; the packing into the kernels'
+gate_up_proj_weight [E, H, 2, I] / down_proj_weight [E, I, H] and back happens here (layout.py).
+
+Checked against the nki-library sources (tag 2.29: signatures, shapes, the [T+1, H] output, the
+padding conventions, the limits in KERNEL_LIMITS) and the torch-neuronx "work with NKI" guide;
+nothing here has run on a Trainium (the self-test, `--self-test`, is the first check there).
+UNCONFIRMED until then:
+  * that moe_cte shard_on_i's checkpoints are in the layout blockwise_mm_bwd reads (the shapes
+    agree; nkilib's own backward tests produce them with experimental.moe.forward.bwmm_shard_on_H);
+  * blockwise_mm_bwd taking hidden_states and the output gradient as [T+1, H] (its docstring says
+    [T, H]; nkilib's tests and the JAX integrations pass T+1 rows with a zero last row, as here);
+  * the dtype the kernels want for expert_affinities_masked (we pass the compute dtype, bf16);
+  * whether torch.compile(backend="neuron") lowers our outer torch.library op, whose eager
+    implementation calls these nki_op ops (eager mode calls them directly either way).
+"""
+
+import functools
+import os
+
+import torch
+
+from entrypoint import names
+from neuron_qwen3.moe.layout import (
+    BlockLayout,
+    ExpertWeights,
+    pack_down,
+    pack_gate_up,
+    unpack_down,
+    unpack_gate_up,
+)
+
+__all__ = ["KERNEL_LIMITS", "blockwise_mm_backward", "check_kernel_shapes", "logical_nc_config", "moe_cte_forward"]
+
+BWD_BLOCK_SIZES = (128, 256, 512, 1024)
+DMA_TRANSPOSE_MULTIPLE = 32
+
+# Every limit of both kernels (nki-library tag 2.29), as (what it says, test on (H, I, B, LNC)).
+# moe_cte shard_on_i: check_blockwise_mm_shard_I_kernel_compatibility (core/moe/moe_cte/bwmm_shard_on_I.py);
+# blockwise_mm_bwd: MOEBwdParameters.validate / validate_sharding (experimental/moe/bwd). Together they leave
+# blocks of 256, 512 and 1024; Qwen3-30B-A3B (H 2048, I 768) fits at 256.
+KERNEL_LIMITS = (
+    ("moe_cte: block size B a multiple of 256", lambda h, i, b, lnc: b % 256 == 0),
+    ("moe_cte: hidden dim H from 512 to 8192", lambda h, i, b, lnc: 512 <= h <= 8192),
+    ("moe_cte: hidden dim H a multiple of 512", lambda h, i, b, lnc: h % 512 == 0),
+    ("moe_cte: expert hidden dim I a multiple of 16", lambda h, i, b, lnc: i % 16 == 0),
+    (f"blockwise_mm_bwd: block size B one of {', '.join(map(str, BWD_BLOCK_SIZES))}",
+     lambda h, i, b, lnc: b in BWD_BLOCK_SIZES),
+    (f"blockwise_mm_bwd: hidden dim H per logical core (H / LNC) a multiple of {DMA_TRANSPOSE_MULTIPLE}",
+     lambda h, i, b, lnc: h % (lnc * DMA_TRANSPOSE_MULTIPLE) == 0),
+    (f"blockwise_mm_bwd: expert hidden dim I per logical core (I / LNC) a multiple of {DMA_TRANSPOSE_MULTIPLE}",
+     lambda h, i, b, lnc: i % (lnc * DMA_TRANSPOSE_MULTIPLE) == 0),
+)
+
+
+def logical_nc_config() -> int:
+    """LNC degree of the kernels: the runtime's NEURON_LOGICAL_NC_CONFIG, with the launcher's default.
+
+    The kernel's LNC must equal the graph's (error NCC_EVRF066), so both read the same variable.
+    """
+    return int(os.environ.get(names.LNC_ENV, names.LNC_DEFAULT))
+
+
+def check_kernel_shapes(hidden_dim: int, intermediate_dim: int, block_size: int, lnc: int) -> None:
+    """Raise ValueError, one line naming each limit broken and the values, on shapes the kernels reject."""
+    broken = [text for text, holds in KERNEL_LIMITS if not holds(hidden_dim, intermediate_dim, block_size, lnc)]
+    if broken:
+        raise ValueError(f"nki_moe kernels cannot take H={hidden_dim}, I={intermediate_dim}, B={block_size}, "
+                         f"LNC={lnc}: needs " + "; ".join(broken))
+
+
+def _missing(package: str, pip_name: str, error: ImportError) -> ImportError:
+    return ImportError(
+        f"nki_moe kernel path: the Neuron package '{package}' is not importable ({error}). "
+        f"It comes with the Neuron SDK ({pip_name} from https://pip.repos.neuron.amazonaws.com) and "
+        f"runs only on Trainium. Off Trainium the experts run the PyTorch reference: leave "
+        f"{names.MOE_KERNEL_ENV} unset (or set it to 'reference')."
+    )
+
+
+@functools.cache
+def _kernel_ops():
+    """Import the Neuron packages and register the two kernels as torch ops (once per process)."""
+    try:
+        from torch_neuronx import nki_op, wrap_nki
+    except ImportError as e:
+        raise _missing("torch_neuronx", "torch-neuronx", e) from e
+    try:
+        import nki
+    except ImportError as e:
+        raise _missing("nki", "nki", e) from e
+    try:
+        from nkilib.core.moe.moe_cte import MoECTEImplementation, MoECTESpec, ShardOnIConfig, moe_cte
+        from nkilib.experimental.moe.bwd.blockwise_mm_backward import blockwise_mm_bwd
+    except ImportError as e:
+        raise _missing("nkilib", "neuronx-cc, which bundles nkilib", e) from e
+
+    lnc = logical_nc_config()
+
+    @nki.jit(mode="trace")
+    def moe_cte_training(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
+                         token_position_to_id, block_to_expert, block_size: int, implementation,
+                         checkpoint_activation: bool, expert_affinity_multiply_on_I: bool):
+        """moe_cte with its spec built inside the trace from flat scalars (vllm-neuron's pattern)."""
+        spec = MoECTESpec(
+            implementation=implementation,
+            shard_on_I=ShardOnIConfig(checkpoint_activation=checkpoint_activation,
+                                      expert_affinity_multiply_on_I=expert_affinity_multiply_on_I),
+        )
+        return moe_cte(hidden_states=hidden_states, expert_affinities_masked=expert_affinities_masked,
+                       gate_up_proj_weight=gate_up_proj_weight, down_proj_weight=down_proj_weight,
+                       token_position_to_id=token_position_to_id, block_to_expert=block_to_expert,
+                       block_size=block_size, spec=spec)
+
+    # Registration as in the torch-neuronx guide: @nki_op("ns::name", mutates_args={}) on a typed
+    # function whose body calls wrap_nki(kernel)[grid](...), the grid being the LNC degree.
+    @nki_op("neuron_qwen3_nki::moe_cte", mutates_args={})
+    def moe_cte_op(
+        hidden_states: torch.Tensor,
+        expert_affinities_masked: torch.Tensor,
+        gate_up_proj_weight: torch.Tensor,
+        down_proj_weight: torch.Tensor,
+        token_position_to_id: torch.Tensor,
+        block_to_expert: torch.Tensor,
+        block_size: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return wrap_nki(moe_cte_training)[lnc](
+            hidden_states=hidden_states,
+            expert_affinities_masked=expert_affinities_masked,
+            gate_up_proj_weight=gate_up_proj_weight,
+            down_proj_weight=down_proj_weight,
+            token_position_to_id=token_position_to_id,
+            block_to_expert=block_to_expert,
+            block_size=block_size,
+            implementation=MoECTEImplementation.shard_on_i,
+            checkpoint_activation=True,
+            expert_affinity_multiply_on_I=False,
+        )
+
+    @nki_op("neuron_qwen3_nki::blockwise_mm_bwd", mutates_args={})
+    def blockwise_mm_bwd_op(
+        hidden_states: torch.Tensor,
+        expert_affinities_masked: torch.Tensor,
+        gate_up_proj_weight: torch.Tensor,
+        down_proj_weight: torch.Tensor,
+        gate_up_proj_act_checkpoint_T: torch.Tensor,
+        down_proj_act_checkpoint: torch.Tensor,
+        token_position_to_id: torch.Tensor,
+        block_to_expert: torch.Tensor,
+        output_hidden_states_grad: torch.Tensor,
+        block_size: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return wrap_nki(blockwise_mm_bwd)[lnc](
+            hidden_states=hidden_states,
+            expert_affinities_masked=expert_affinities_masked,
+            gate_up_proj_weight=gate_up_proj_weight,
+            down_proj_weight=down_proj_weight,
+            gate_up_proj_act_checkpoint_T=gate_up_proj_act_checkpoint_T,
+            down_proj_act_checkpoint=down_proj_act_checkpoint,
+            token_position_to_id=token_position_to_id,
+            block_to_expert=block_to_expert,
+            output_hidden_states_grad=output_hidden_states_grad,
+            block_size=block_size,
+        )
+
+    return moe_cte_op, blockwise_mm_bwd_op
+
+
+def _checked(weights: ExpertWeights, layout: BlockLayout) -> None:
+    _, intermediate_dim, hidden_dim = weights.shape
+    check_kernel_shapes(hidden_dim, intermediate_dim, layout.block_size, logical_nc_config())
+
+
+def moe_cte_forward(
+    hidden_states: torch.Tensor, expert_affinities_masked: torch.Tensor, weights: ExpertWeights, layout: BlockLayout
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """moe_cte with checkpoints: (out [T, H], gate_up_activations_T [N, 2, I, B], down_activations [N, B, H])."""
+    moe_cte_op, _ = _kernel_ops()
+    _checked(weights, layout)
+    out_T1H, gate_up_act_T, down_act = moe_cte_op(
+        hidden_states,
+        expert_affinities_masked,
+        pack_gate_up(weights.w1_EFD, weights.w3_EFD),
+        pack_down(weights.w2_EDF),
+        layout.token_position_to_id,
+        layout.block_to_expert,
+        layout.block_size,
+    )
+    return out_T1H[:-1].clone(), gate_up_act_T, down_act  # row T is the padding token's
+
+
+def blockwise_mm_backward(
+    grad_output: torch.Tensor,
+    hidden_states: torch.Tensor,
+    expert_affinities_masked: torch.Tensor,
+    weights: ExpertWeights,
+    checkpoints: tuple[torch.Tensor, torch.Tensor],
+    layout: BlockLayout,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """blockwise_mm_bwd: grads of (hidden_states, affinities, w1, w3, w2), weights in torchtitan's layout."""
+    _, blockwise_mm_bwd_op = _kernel_ops()
+    _checked(weights, layout)
+    gate_up_act_T, down_act = checkpoints
+    # The kernel reads T+1 gradient rows like the hidden states; the padding token's is zero.
+    grad_T1H = torch.cat([grad_output, grad_output.new_zeros(1, grad_output.shape[1])]).to(hidden_states.dtype)
+    grad_hidden, grad_affinities, grad_gate_up, grad_down = blockwise_mm_bwd_op(
+        hidden_states,
+        expert_affinities_masked,
+        pack_gate_up(weights.w1_EFD, weights.w3_EFD),
+        pack_down(weights.w2_EDF),
+        gate_up_act_T,
+        down_act,
+        layout.token_position_to_id,
+        layout.block_to_expert,
+        grad_T1H,
+        layout.block_size,
+    )
+    grad_w1, grad_w3 = unpack_gate_up(grad_gate_up)
+    return grad_hidden, grad_affinities, grad_w1, grad_w3, unpack_down(grad_down)

@@ -1,0 +1,194 @@
+"""The first command on a trn2: `docker run --device=/dev/neuron0 IMAGE --self-test`, one verdict line per check.
+
+    devices      the launcher's own discovery finds Neuron devices (off Neuron: says so, exits 2)
+    runtime      torch_neuronx imports and a tensor round-trips through a NeuronCore
+    nki_moe      the NKI MoE forward and backward against the PyTorch reference (moe/reference.py) on shapes
+                 the kernels take, at LNC 2 and LNC 1 (each in its own process: the runtime reads the LNC once),
+                 every error printed against the bf16 tolerance the CPU tests hold the reference to
+    native       three `native` smoke steps on one NeuronCore through the launcher, finite losses
+
+The first failure stops the run with exit status 1; all passed, 0. Nothing here runs at import: torch is
+imported by the checks that need it.
+"""
+
+import math
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from entrypoint import contract, discovery, names
+
+OFF_NEURON = 2
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    dim: int  # H
+    hidden: int  # I
+    experts: int
+    tokens: int
+    top_k: int
+    block_size: int
+
+
+# The smoke MoE model's layer, and Qwen3-30B-A3B's H and I with fewer experts (the CPU reference stays quick).
+SHAPES = (Shape("smoke", 512, 64, 4, 256, 2, 256), Shape("30b_a3b", 2048, 768, 8, 512, 8, 256))
+
+
+class Failed(Exception):
+    """A check's verdict: failed, with the reason in one line."""
+
+
+class OffNeuron(Exception):
+    """Not a Neuron host: nothing to check."""
+
+
+def check_devices() -> str:
+    settings = contract.parse(os.environ)
+    devices = discovery.discover(settings)
+    if devices.kind != "neuron":
+        raise OffNeuron(f"no Neuron devices here (found {devices.kind}): this is not a Trainium host; run it on a "
+                        "trn2 with `docker run --device=/dev/neuron0 ... IMAGE --self-test`")
+    return f"{len(devices.nodes)} Neuron devices, {devices.count} logical NeuronCores at LNC {devices.lnc}"
+
+
+def check_runtime() -> str:
+    import importlib.metadata
+
+    try:
+        import torch_neuronx  # noqa: F401  before anything else picks a device
+    except ImportError as error:
+        raise Failed(f"torch_neuronx is not importable ({error})") from error
+    import torch
+
+    doubled = (torch.ones(4, device="neuron") * 2).cpu()
+    if not torch.equal(doubled, torch.full((4,), 2.0)):
+        raise Failed(f"a tensor did not round-trip through a NeuronCore: {doubled.tolist()}")
+    return f"torch {torch.__version__}, torch-neuronx {importlib.metadata.version('torch-neuronx')}"
+
+
+def relative_error(actual, expected) -> float:
+    """max |actual - expected| / max |expected|, the measure of the CPU tests (their scale_close)."""
+    actual, expected = actual.detach().float().cpu(), expected.detach().float()
+    return float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
+
+
+def compare_kernels(shape: Shape, device: str, seed: int = 0) -> str:
+    """The op on `device` (the NKI kernels on Neuron) against reference_forward/backward on CPU, in bf16."""
+    import torch
+
+    from neuron_qwen3.moe.experts import blockwise_moe_experts
+    from neuron_qwen3.moe.layout import (BlockLayout, ExpertWeights, max_num_blocks, presorted_block_layout,
+                                         unit_affinities)
+    from neuron_qwen3.moe.reference import TOLERANCE, reference_backward, reference_forward
+
+    gen = torch.Generator().manual_seed(seed)
+    rows = shape.tokens * shape.top_k
+    counts = torch.bincount(torch.randint(0, shape.experts, (rows,), generator=gen), minlength=shape.experts)
+    layout = presorted_block_layout(counts, rows, shape.block_size, max_num_blocks(rows, shape.experts,
+                                                                                   shape.block_size))
+    dtype = torch.bfloat16
+    x = torch.cat([torch.randn(rows, shape.dim, generator=gen), torch.zeros(1, shape.dim)]).to(dtype)
+    weights = ExpertWeights(*(torch.randn(shape.experts, *dims, generator=gen).div(dims[1] ** 0.5).to(dtype)
+                              for dims in ((shape.hidden, shape.dim), (shape.hidden, shape.dim),
+                                           (shape.dim, shape.hidden))))
+    affinities = unit_affinities(layout, shape.experts, dtype)
+    grad_out = torch.randn(rows, shape.dim, generator=gen).to(dtype)
+
+    ref_out, *checkpoints = reference_forward(x, affinities, weights, layout)
+    ref_grads = reference_backward(grad_out, x, affinities, weights, tuple(checkpoints), layout)
+
+    to = lambda t: t.detach().to(device).requires_grad_(t.is_floating_point())  # noqa: E731
+    dev_x, dev_w = to(x), [to(w) for w in (weights.w1_EFD, weights.w3_EFD, weights.w2_EDF)]
+    dev_layout = BlockLayout(layout.token_position_to_id.to(device), layout.block_to_expert.to(device),
+                             layout.num_tokens, layout.block_size)
+    out = blockwise_moe_experts(dev_x, affinities.to(device), ExpertWeights(*dev_w), dev_layout)
+    out.backward(grad_out.to(device))
+
+    tolerance = TOLERANCE["bfloat16"]
+    out_err = relative_error(out, ref_out)
+    # The padding row's input gradient is not compared: NKIGroupedExperts drops it (it is its own zero row).
+    grad_err = max(relative_error(got, want) for got, want in zip([dev_x.grad[:rows], *(w.grad for w in dev_w)],
+                                                                  [ref_grads[0][:rows], *ref_grads[2:]]))
+    verdict = (f"H={shape.dim} I={shape.hidden} E={shape.experts} B={shape.block_size}: output error "
+               f"{out_err:.1e} (tolerance {tolerance['output']:g}), gradients {grad_err:.1e} "
+               f"(tolerance {tolerance['gradients']:g})")
+    if not (out_err <= tolerance["output"] and grad_err <= tolerance["gradients"]):
+        raise Failed(verdict)
+    return verdict
+
+
+def kernel_checks() -> int:
+    """`--kernels`: every shape at this process's LNC; run in a child per LNC by check_kernels."""
+    import torch_neuronx  # noqa: F401
+
+    lnc = os.environ.get(names.LNC_ENV, names.LNC_DEFAULT)
+    return run_checks([(f"nki_moe LNC {lnc} {shape.name}", lambda s=shape: compare_kernels(s, "neuron"))
+                       for shape in SHAPES])
+
+
+def check_kernels(lnc: str) -> str:
+    # The compiler's --lnc must equal the runtime's (error NCC_EVRF066); the last --lnc in NEURON_CC_FLAGS wins.
+    flags = f"{os.environ.get('NEURON_CC_FLAGS', '')} --lnc={lnc}".strip()
+    env = {**os.environ, names.LNC_ENV: lnc, "NEURON_CC_FLAGS": flags, "NEURON_RT_VISIBLE_CORES": "0",
+           names.MOE_KERNEL_ENV: "auto"}
+    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.selftest", "--kernels"], env=env,
+                            capture_output=True, text=True)
+    sys.stdout.write(result.stdout)
+    if result.returncode:
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise Failed(f"the LNC {lnc} kernel checks stopped (exit {result.returncode}): {tail}")
+    return f"every shape at LNC {lnc}"
+
+
+def losses(output: str) -> dict[int, float]:
+    return {int(step): float(loss) for step, loss in re.findall(names.LOSS_LINE, re.sub(r"\x1b\[[0-9;]*m", "", output))}
+
+
+def native_verdict(returncode: int, output: str, steps: int) -> str:
+    found = losses(output)
+    if returncode or sorted(found) != list(range(1, steps + 1)) or not all(map(math.isfinite, found.values())):
+        tail = (output.strip().splitlines() or ["no output"])[-1]
+        raise Failed(f"exit {returncode}, losses {found}: {tail}")
+    return "losses " + ", ".join(f"{found[step]:.3f}" for step in sorted(found))
+
+
+def check_native(steps: int = 3) -> str:
+    env = {**os.environ, "VARIANT": "native", "SCALE": "smoke", "STEPS": str(steps), "NPROC": "1",
+           "NEURON_RT_VISIBLE_CORES": "0", "OUTPUT_DIR": os.path.join(os.environ.get("OUTPUT_DIR", "/tmp"),
+                                                                       "self-test")}
+    result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, capture_output=True, text=True)
+    return native_verdict(result.returncode, result.stdout + result.stderr, steps)
+
+
+def run_checks(checks) -> int:
+    """Run (name, check) pairs in order, one verdict line each; stop at the first failure (exit 1)."""
+    for name, check in checks:
+        try:
+            detail = check()
+        except OffNeuron as error:
+            print(f"self-test: {error}", flush=True)
+            return OFF_NEURON
+        except Exception as error:  # a check's own bug is a failure too, in one line
+            print(f"self-test: FAIL {name}: {str(error).splitlines()[0] if str(error) else type(error).__name__}",
+                  flush=True)
+            return 1
+        print(f"self-test: PASS {name}: {detail}", flush=True)
+    return 0
+
+
+LNC_ORDER = sorted(names.LNC_CHOICES, key=lambda lnc: lnc != names.LNC_DEFAULT)  # the default first
+CHECKS = (("devices", check_devices), ("runtime", check_runtime),
+          *((f"nki_moe LNC {lnc}", lambda lnc=lnc: check_kernels(lnc)) for lnc in LNC_ORDER), ("native", check_native))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    return kernel_checks() if argv == ["--kernels"] else run_checks(CHECKS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""The Neuron seam of the nki_moe experts (moe/nki_kernels.py), tested without Neuron.
+
+Run: .venv/bin/python -m pytest tests/test_nki_kernels.py -q
+
+Every limit of both kernels, one case each, and the checks at model build; importing and running the
+reference never touches a Neuron package; forcing the NKI path off Neuron fails with a clear ImportError;
+and the NKI path's plumbing runs end to end with stand-in `torch_neuronx`, `nki` and `nkilib` modules
+whose kernels keep nkilib's documented contracts (the call pattern included: an own
+`@nki.jit(mode="trace")` function, flat scalars through `wrap_nki(fn)[lnc](**kwargs)`).
+"""
+
+import dataclasses
+import enum
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+
+from conftest import REPO, RECIPES
+from test_nki_experts import FP32, assert_same_as_torchtitan, make_pair
+
+from entrypoint.names import LNC_ENV, MOE_KERNEL_ENV
+from neuron_qwen3 import config_registry
+from neuron_qwen3.moe import experts, nki_kernels
+from neuron_qwen3.moe.experts import NKIGroupedExperts
+from neuron_qwen3.moe.layout import pack_down, pack_gate_up
+
+LIMIT = {text.split(": ", 1)[1]: text for text, _ in nki_kernels.KERNEL_LIMITS}
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    monkeypatch.delenv(MOE_KERNEL_ENV, raising=False)
+    monkeypatch.delenv(LNC_ENV, raising=False)
+    nki_kernels._kernel_ops.cache_clear()
+    yield
+    nki_kernels._kernel_ops.cache_clear()
+
+
+@pytest.fixture
+def titan_in_fp32(monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "bfloat16", lambda self, *a, **k: self)
+
+
+# ---- the kernels' shape limits -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hidden, inter, block, lnc", [(2048, 768, 256, 2), (2048, 768, 256, 1), (2048, 768, 1024, 2),
+                                                      (512, 64, 256, 2), (8192, 16384, 512, 1)])
+def test_shapes_both_kernels_take(hidden, inter, block, lnc):
+    nki_kernels.check_kernel_shapes(hidden, inter, block, lnc)  # Qwen3-30B-A3B, the smoke MoE, the range ends
+
+
+# (H, I, B, LNC, the limits the message must name): one case per limit; two limits of the backward cannot be
+# broken alone, since the forward's H % 512 and I % 16 already imply part of them.
+LIMIT_CASES = [
+    ("fwd block multiple of 256", 2048, 768, 128, 2, ["block size B a multiple of 256"]),
+    ("fwd H above 8192", 8704, 768, 256, 2, ["hidden dim H from 512 to 8192"]),
+    ("fwd H below 512", 256, 768, 256, 1, ["hidden dim H from 512 to 8192", "hidden dim H a multiple of 512"]),
+    ("fwd H multiple of 512", 2112, 768, 256, 2, ["hidden dim H a multiple of 512"]),
+    ("fwd I multiple of 16", 2048, 760, 256, 1, ["expert hidden dim I a multiple of 16",
+                                                  "expert hidden dim I per logical core (I / LNC) a multiple of 32"]),
+    ("bwd block sizes", 2048, 768, 768, 2, ["block size B one of 128, 256, 512, 1024"]),
+    ("bwd H per core", 2080, 768, 256, 2, ["hidden dim H a multiple of 512",
+                                           "hidden dim H per logical core (H / LNC) a multiple of 32"]),
+    ("bwd I per core", 2048, 784, 256, 2, ["expert hidden dim I per logical core (I / LNC) a multiple of 32"]),
+]
+
+
+@pytest.mark.parametrize("case, hidden, inter, block, lnc, limits", LIMIT_CASES, ids=[c[0] for c in LIMIT_CASES])
+def test_each_limit_is_named_with_the_values(case, hidden, inter, block, lnc, limits):
+    with pytest.raises(ValueError) as error:
+        nki_kernels.check_kernel_shapes(hidden, inter, block, lnc)
+    message = str(error.value)
+    assert "\n" not in message and f"H={hidden}, I={inter}, B={block}, LNC={lnc}" in message
+    named = [short for short in LIMIT if LIMIT[short] in message]
+    assert sorted(named) == sorted(limits), message
+
+
+def test_every_limit_has_a_case():
+    assert {limit for case in LIMIT_CASES for limit in case[-1]} == set(LIMIT)
+
+
+def test_model_build_checks_shapes_when_the_kernels_will_run(monkeypatch):
+    config = NKIGroupedExperts.Config(dim=128, hidden_dim=64, num_experts=2)  # the old smoke MoE: H 128
+    NKIGroupedExperts(config)  # reference path: any shape
+    monkeypatch.setattr(experts.titan_utils, "device_type", "neuron")  # what torchtitan picks on Trainium
+    with pytest.raises(ValueError, match=r"H=128, I=64, B=256, LNC=2: needs moe_cte: hidden dim H from 512"):
+        NKIGroupedExperts(config)
+    monkeypatch.setattr(experts.titan_utils, "device_type", "cpu")
+    monkeypatch.setenv(MOE_KERNEL_ENV, "nki")
+    with pytest.raises(ValueError, match="hidden dim H from 512"):
+        NKIGroupedExperts(config)
+    monkeypatch.setenv(LNC_ENV, "1")
+    NKIGroupedExperts(NKIGroupedExperts.Config(dim=512, hidden_dim=32, num_experts=2))  # I 32 fits one core only
+    monkeypatch.setenv(LNC_ENV, "2")
+    with pytest.raises(ValueError, match=r"I per logical core"):
+        NKIGroupedExperts(NKIGroupedExperts.Config(dim=512, hidden_dim=32, num_experts=2))
+
+
+@pytest.mark.parametrize("name", ["nki_moe_qwen3_30b_a3b", "nki_moe_qwen3_smoke"])
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_nki_moe_configs_fit_the_kernels(name, lnc):
+    """Both nki_moe configs, full and smoke, have expert shapes both kernels take: what CI runs on CPU is
+    the layout the kernels will see."""
+    model = getattr(config_registry, name)().model_spec.model
+    experts_configs = [layer.moe.routed_experts.inner_experts for layer in model.layers if layer.moe is not None]
+    assert experts_configs
+    for cfg in experts_configs:
+        block = NKIGroupedExperts.Config.__dataclass_fields__["block_size"].default
+        nki_kernels.check_kernel_shapes(cfg.dim, cfg.hidden_dim, block, lnc)
+
+
+# ---- off Neuron --------------------------------------------------------------------------------
+
+
+def test_kernel_path_selection(monkeypatch):
+    assert (experts.kernel_path("cpu"), experts.kernel_path("neuron")) == ("reference", "nki")
+    for value, on_cpu, on_neuron in [("nki", "nki", "nki"), ("reference", "reference", "reference"),
+                                     ("auto", "reference", "nki")]:
+        monkeypatch.setenv(MOE_KERNEL_ENV, value)
+        assert (experts.kernel_path("cpu"), experts.kernel_path("neuron")) == (on_cpu, on_neuron)
+    for value in ("cuda", " NKI ", ""):  # exactly what the launcher refuses (entrypoint.names.moe_kernel)
+        monkeypatch.setenv(MOE_KERNEL_ENV, value)
+        with pytest.raises(ValueError, match=f"{MOE_KERNEL_ENV}={value!r} is not one of: auto, nki, reference"):
+            experts.kernel_path("neuron")
+
+
+def test_import_and_cpu_forward_do_not_touch_neuron_packages(tmp_path):
+    """Importing the experts and running them on CPU must not import torch_neuronx, nki or nkilib:
+    stand-ins for them that fail on import sit first on the path of a fresh interpreter."""
+    for package in ("torch_neuronx", "nki", "nkilib"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text(f"raise AssertionError('{package} was imported')\n")
+    script = textwrap.dedent(
+        """
+        import sys, torch
+        import neuron_qwen3.moe.experts as ne
+        cfg = ne.NKIGroupedExperts.Config(dim=8, hidden_dim=8, num_experts=2, block_size=2)
+        m = ne.NKIGroupedExperts(cfg)
+        for p in m.parameters():
+            torch.nn.init.normal_(p)
+        m(torch.randn(5, 8), torch.tensor([2, 3])).sum().backward()
+        loaded = [name for name in ("torch_neuronx", "nki", "nkilib") if name in sys.modules]
+        assert not loaded, loaded
+        print("ok")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(RECIPES), str(REPO)])}
+    env.pop(MOE_KERNEL_ENV, None)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def test_forcing_nki_without_neuron_raises_a_clear_import_error(monkeypatch):
+    _, nki = make_pair(512, 64, 2, 256, "bfloat16")
+    monkeypatch.setenv(MOE_KERNEL_ENV, "nki")
+    run = lambda: nki(torch.randn(6, 512), torch.tensor([4, 2]))  # noqa: E731
+    with pytest.raises(ImportError, match=r"'torch_neuronx' is not importable.*NEURON_QWEN3_MOE_KERNEL"):
+        run()
+    fake = types.ModuleType("torch_neuronx")
+    fake.nki_op = fake.wrap_nki = lambda *a, **k: None
+    monkeypatch.setitem(sys.modules, "torch_neuronx", fake)
+    monkeypatch.setitem(sys.modules, "nki", None)  # None in sys.modules: `import nki` raises ImportError
+    with pytest.raises(ImportError, match="'nki' is not importable"):
+        run()
+    monkeypatch.setitem(sys.modules, "nki", types.ModuleType("nki"))
+    with pytest.raises(ImportError, match="'nkilib' is not importable"):
+        run()
+
+
+# ---- the NKI path with stand-in Neuron packages ------------------------------------------------
+
+
+def stand_in_moe_cte(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
+                     token_position_to_id, block_to_expert, block_size):
+    """moe_cte's documented contract (shard_on_i, checkpoints, POST_SCALE), block by block, packed weights."""
+    num_experts = gate_up_proj_weight.shape[0]
+    out = torch.zeros_like(hidden_states)
+    gate_up_act_T, down_act = [], []
+    for n in range(block_to_expert.shape[0]):
+        e, tokens = int(block_to_expert[n]), token_position_to_id[n * block_size:(n + 1) * block_size].long()
+        x = hidden_states[tokens]
+        gate, up = x @ gate_up_proj_weight[e, :, 0], x @ gate_up_proj_weight[e, :, 1]
+        gate_up_act_T.append(torch.stack([gate.T, up.T]))
+        down_act.append((torch.nn.functional.silu(gate) * up) @ down_proj_weight[e])
+        affinity = expert_affinities_masked.view(-1, num_experts)[tokens, e].unsqueeze(1)
+        out = out.index_add(0, tokens, down_act[-1] * affinity)
+    return out, torch.stack(gate_up_act_T), torch.stack(down_act)
+
+
+def stand_in_neuron_packages(calls: list) -> dict:
+    """torch_neuronx, nki and the two nkilib modules, recording how the seam calls them."""
+    def jit(mode=None):
+        def decorate(fn):
+            calls.append(("nki.jit", mode))
+            return fn
+        return decorate
+
+    class Launch:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                flat = (torch.Tensor, bool, int, float, enum.Enum)
+                assert not args and all(isinstance(v, flat) for v in kwargs.values()), (args, kwargs)
+                calls.append(("grid", self.kernel.__name__, grid))
+                return self.kernel(**kwargs)
+            return launch
+
+    Implementation = enum.Enum("MoECTEImplementation", ["shard_on_block", "shard_on_i"])
+    ShardOnIConfig = dataclasses.make_dataclass(
+        "ShardOnIConfig", [("checkpoint_activation", bool, False), ("expert_affinity_multiply_on_I", bool, False)])
+    MoECTESpec = dataclasses.make_dataclass(
+        "MoECTESpec", [("implementation", Implementation), ("shard_on_I", ShardOnIConfig, None)])
+
+    def moe_cte(*, spec, **tensors):
+        calls.append(("spec", spec))
+        assert spec == MoECTESpec(Implementation.shard_on_i, ShardOnIConfig(True, False))
+        return stand_in_moe_cte(**tensors)
+
+    def blockwise_mm_bwd(*, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
+                         gate_up_proj_act_checkpoint_T, down_proj_act_checkpoint, token_position_to_id,
+                         block_to_expert, output_hidden_states_grad, block_size):
+        """blockwise_mm_bwd's contract: grads of moe_cte's [T+1, H] output, in the packed layout."""
+        def out_of(*inputs):
+            return stand_in_moe_cte(*inputs, token_position_to_id, block_to_expert, block_size)[0]
+        _, vjp = torch.func.vjp(out_of, hidden_states, expert_affinities_masked, gate_up_proj_weight,
+                                down_proj_weight)
+        return vjp(output_hidden_states_grad)
+
+    modules = {name: types.ModuleType(name) for name in (
+        "torch_neuronx", "nki", "nkilib", "nkilib.core", "nkilib.core.moe", "nkilib.core.moe.moe_cte",
+        "nkilib.experimental", "nkilib.experimental.moe", "nkilib.experimental.moe.bwd",
+        "nkilib.experimental.moe.bwd.blockwise_mm_backward")}
+    modules["torch_neuronx"].nki_op = lambda name, mutates_args: (lambda fn: fn)
+    modules["torch_neuronx"].wrap_nki = Launch
+    modules["nki"].jit = jit
+    cte = modules["nkilib.core.moe.moe_cte"]
+    cte.MoECTEImplementation, cte.MoECTESpec, cte.ShardOnIConfig, cte.moe_cte = (
+        Implementation, MoECTESpec, ShardOnIConfig, moe_cte)
+    modules["nkilib.experimental.moe.bwd.blockwise_mm_backward"].blockwise_mm_bwd = blockwise_mm_bwd
+    return modules
+
+
+def test_nki_path_plumbing_with_stand_in_neuron_packages(monkeypatch, titan_in_fp32):
+    """Everything of the NKI path but the kernels: the static layout, the call pattern, packing the
+    weights, the T+1 rows, unpacking the gradients. The result must equal torchtitan's GroupedExperts."""
+    calls = []
+    for name, module in stand_in_neuron_packages(calls).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setenv(MOE_KERNEL_ENV, "nki")
+    counts = torch.tensor([300, 0, 3, 257])  # the smoke MoE's H 512 and I 64, block 256: several blocks, idle expert
+    titan, nki = make_pair(512, 64, len(counts), 256, "float32")  # block_count auto: static on the NKI path
+    assert_same_as_torchtitan(titan, nki, counts, 512, seed=6, out_rel=FP32["output"], grad_rel=FP32["gradients"])
+    assert ("nki.jit", "trace") in calls
+    assert [c for c in calls if c[0] == "grid"] == [("grid", "moe_cte_training", 2), ("grid", "blockwise_mm_bwd", 2)]
+    assert sum(c[0] == "spec" for c in calls) == 1  # built inside the traced function, once per call
+
+
+def test_stand_in_kernel_keeps_moe_ctes_packed_layout():
+    """The stand-in reads the packed weights the way nkilib does: gate_up[e, :, 0] is the gate."""
+    gen = torch.Generator().manual_seed(0)
+    w1, w3 = torch.randn(2, 8, 4, generator=gen), torch.randn(2, 8, 4, generator=gen)
+    w2 = torch.randn(2, 4, 8, generator=gen)
+    x = torch.cat([torch.randn(3, 4, generator=gen), torch.zeros(1, 4)])
+    affinities = torch.zeros(8, 1)
+    affinities[[0 * 2 + 1, 1 * 2 + 1, 2 * 2 + 1]] = 1  # every token to expert 1
+    out, _, _ = stand_in_moe_cte(x, affinities, pack_gate_up(w1, w3), pack_down(w2),
+                                 torch.tensor([0, 1, 2, 3], dtype=torch.int32), torch.tensor([[1]]), 4)
+    expected = (torch.nn.functional.silu(x[:3] @ w1[1].T) * (x[:3] @ w3[1].T)) @ w2[1].T
+    torch.testing.assert_close(out[:3], expected)
+    assert not out[3].any()
