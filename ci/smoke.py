@@ -9,7 +9,7 @@
    loss; fake Neuron devices with and without --dry-run; an unknown VARIANT), then IMAGE_CHECKS on the
    image itself (metadata, user, paths, no secrets, torch from the base, size added);
 4. hadolint at the error threshold (ci/hadolint.yaml), every ignored rule with its reason inline.
-Any failure is an AssertionError naming the case; the exit status is 1 if any failed.
+Any failure is a SmokeFailure naming the case (explicit: `python -O` keeps every check); the exit status is 1 if any failed.
 """
 
 import json
@@ -69,6 +69,15 @@ CASES = (
 )
 
 
+class SmokeFailure(Exception):
+    """A failed check: an explicit exception, not `assert`, so `python -O` cannot switch the checks off."""
+
+
+def expect(condition, message):
+    if not condition:
+        raise SmokeFailure(message)
+
+
 def log(message):
     print(f"[smoke] {message}", file=sys.stderr, flush=True)
 
@@ -92,7 +101,7 @@ def run_container(client, image, case):
         except Exception:  # requests' ReadTimeout: the container hangs
             container.kill()
             output = container.logs().decode(errors="replace")
-            raise AssertionError(f"{case.name}: no exit within {case.timeout}s; output (tail):\n{output[-3000:]}") \
+            raise SmokeFailure(f"{case.name}: no exit within {case.timeout}s; output (tail):\n{output[-3000:]}") \
                 from None
         return (status["StatusCode"], container.logs(stdout=True, stderr=False).decode(errors="replace"),
                 container.logs(stdout=False, stderr=True).decode(errors="replace"))
@@ -105,31 +114,31 @@ def losses(text):
 
 
 def check_case(client, image, case):
-    """Run `case`; raise AssertionError with the container's output tail when it does not hold."""
+    """Run `case`; raise SmokeFailure with the container's output tail when it does not hold."""
     started = time.monotonic()
     code, out, err = run_container(client, image, case)
     tail = f"\n--- stdout (tail) ---\n{out[-3000:]}\n--- stderr (tail) ---\n{err[-3000:]}"
-    assert code == case.exit_code, f"{case.name}: exit status {code}, expected {case.exit_code}{tail}"
+    expect(code == case.exit_code, f"{case.name}: exit status {code}, expected {case.exit_code}{tail}")
     summary = f"exit {code}"
     if case.loss_falls:
         seen = losses(out + err)
-        assert len(seen) >= 2, f"{case.name}: fewer than 2 loss lines in the output{tail}"
-        assert all(math.isfinite(loss) for _, loss in seen), f"{case.name}: non-finite loss {seen}{tail}"
-        assert seen[-1][1] < seen[0][1], f"{case.name}: loss did not fall: {seen}{tail}"
+        expect(len(seen) >= 2, f"{case.name}: fewer than 2 loss lines in the output{tail}")
+        expect(all(math.isfinite(loss) for _, loss in seen), f"{case.name}: non-finite loss {seen}{tail}")
+        expect(seen[-1][1] < seen[0][1], f"{case.name}: loss did not fall: {seen}{tail}")
         summary += ", loss " + " -> ".join(f"{loss:.3f}" for _, loss in seen)
     if case.nproc is not None:
         plan = json.loads(out)
-        assert plan["nproc"] == case.nproc, f"{case.name}: plan has {plan['nproc']} processes, expected {case.nproc}"
-        assert plan["devices"]["kind"] == "neuron", f"{case.name}: plan is for {plan['devices']['kind']}{tail}"
-        assert f"--nproc_per_node={case.nproc}" in plan["argv"], f"{case.name}: argv {plan['argv']}"
+        expect(plan["nproc"] == case.nproc, f"{case.name}: plan has {plan['nproc']} processes, expected {case.nproc}")
+        expect(plan["devices"]["kind"] == "neuron", f"{case.name}: plan is for {plan['devices']['kind']}{tail}")
+        expect(f"--nproc_per_node={case.nproc}" in plan["argv"], f"{case.name}: argv {plan['argv']}")
         summary += f", plan: {plan['nproc']} processes on {len(plan['devices']['nodes'])} Neuron devices"
     if case.stdout_has is not None:
-        assert case.stdout_has in out, f"{case.name}: {case.stdout_has!r} not in stdout{tail}"
+        expect(case.stdout_has in out, f"{case.name}: {case.stdout_has!r} not in stdout{tail}")
         summary += f", stdout has {case.stdout_has!r}"
     if case.error is not None:
         lines = err.strip().splitlines()
-        assert len(lines) == 1, f"{case.name}: expected a one-line error, got {len(lines)} lines{tail}"
-        assert case.error in lines[0], f"{case.name}: {case.error!r} not in the error line {lines[0]!r}"
+        expect(len(lines) == 1, f"{case.name}: expected a one-line error, got {len(lines)} lines{tail}")
+        expect(case.error in lines[0], f"{case.name}: {case.error!r} not in the error line {lines[0]!r}")
         summary += f": {lines[0]}"
     seconds = time.monotonic() - started
     log(f"{case.name}: ok ({seconds:.0f}s) {summary}")
@@ -172,20 +181,20 @@ def inspect_image(client, image, base_image):
     """Image-level checks; returns a dict of what was measured (size added, labels)."""
     attrs = client.images.get(image).attrs
     config = attrs["Config"]
-    assert config["Entrypoint"] == ["python3", "-m", "entrypoint"], f"entrypoint {config['Entrypoint']}"
-    assert config["WorkingDir"] == "/opt/neuron-qwen3", f"workdir {config['WorkingDir']}"
-    assert config["User"] not in ("", "0", "root"), f"runs as root ({config['User']!r})"
-    assert (config.get("Healthcheck") or {}).get("Test") == ["NONE"], f"healthcheck {config.get('Healthcheck')}"
+    expect(config["Entrypoint"] == ["python3", "-m", "entrypoint"], f"entrypoint {config['Entrypoint']}")
+    expect(config["WorkingDir"] == "/opt/neuron-qwen3", f"workdir {config['WorkingDir']}")
+    expect(config["User"] not in ("", "0", "root"), f"runs as root ({config['User']!r})")
+    expect((config.get("Healthcheck") or {}).get("Test") == ["NONE"], f"healthcheck {config.get('Healthcheck')}")
     labels = config["Labels"] or {}
     pins = {r.name: r.version for r in wheelhouse.parse_lock(REPO / "requirements.lock")}
     expected = {"io.neuron-qwen3.torchtitan.version": pins["torchtitan"],
                 "io.neuron-qwen3.transformers.version": pins["transformers"],
                 "org.opencontainers.image.base.name": base_image}
     for key, value in expected.items():
-        assert labels.get(key) == value, f"label {key}={labels.get(key)!r}, expected {value!r}"
+        expect(labels.get(key) == value, f"label {key}={labels.get(key)!r}, expected {value!r}")
     for key in ("org.opencontainers.image.revision", "org.opencontainers.image.created",
                 "io.neuron-qwen3.torch.version"):
-        assert labels.get(key) not in (None, "", "unknown"), f"label {key} is {labels.get(key)!r}"
+        expect(labels.get(key) not in (None, "", "unknown"), f"label {key} is {labels.get(key)!r}")
 
     # No secret in any layer: nothing token-like in the build steps or the environment...
     history = [step.get("CreatedBy", "") for step in client.api.history(image)]
@@ -193,17 +202,17 @@ def inspect_image(client, image, base_image):
     ours = [step for step in history if step not in base_history]
     base_env = set(client.images.get(base_image).attrs["Config"]["Env"] or ())
     leaks = [step for step in ours + [e for e in config["Env"] if e not in base_env] if SECRET_WORDS.search(step)]
-    assert not leaks, f"secret-like words in the image's build steps or environment: {leaks}"
+    expect(not leaks, f"secret-like words in the image's build steps or environment: {leaks}")
     # ...and no key, certificate or credentials file in the paths the image's layers write.
     out = client.containers.run(image, ["-c", INSPECT], entrypoint="python3", network_mode="none", remove=True)
     seen = json.loads(out.decode().strip().splitlines()[-1])
-    assert not seen["suspicious"], f"key/certificate/credential files no hashed wheel shipped: {seen['suspicious']}"
-    assert seen["uid"] != 0, "the container runs as root"
-    assert all(seen["writable"].values()), f"data paths not writable by the image's user: {seen['writable']}"
-    assert "/opt/neuron-qwen3/venv/" not in seen["torch"], f"torch comes from the image's venv: {seen['torch']}"
+    expect(not seen["suspicious"], f"key/certificate/credential files no hashed wheel shipped: {seen['suspicious']}")
+    expect(seen["uid"] != 0, "the container runs as root")
+    expect(all(seen["writable"].values()), f"data paths not writable by the image's user: {seen['writable']}")
+    expect("/opt/neuron-qwen3/venv/" not in seen["torch"], f"torch comes from the image's venv: {seen['torch']}")
 
     added = attrs["Size"] - client.images.get(base_image).attrs["Size"]
-    assert added < SIZE_BUDGET, f"the image adds {added / 1e9:.2f} GB to its base (budget {SIZE_BUDGET / 1e9} GB)"
+    expect(added < SIZE_BUDGET, f"the image adds {added / 1e9:.2f} GB to its base (budget {SIZE_BUDGET / 1e9} GB)")
     log(f"image: ok; adds {added / 1e6:.0f} MB to its base; user {config['User']}; torch from {seen['torch']}")
     return {"added_bytes": added, "labels": labels, "user": config["User"]}
 
@@ -218,7 +227,7 @@ def hadolint():
     exe = Path(sys.executable).parent / "hadolint"
     done = subprocess.run([str(exe), "--config", "ci/hadolint.yaml", *HADOLINT_FILES], cwd=REPO,
                           capture_output=True, text=True)
-    assert done.returncode == 0, f"hadolint failed:\n{done.stdout}{done.stderr}"
+    expect(done.returncode == 0, f"hadolint failed:\n{done.stdout}{done.stderr}")
     for name in HADOLINT_FILES:
         lines = (REPO / name).read_text().splitlines()
         for number, line in enumerate(lines, 1):
@@ -226,11 +235,11 @@ def hadolint():
             if match:  # the reason: after the rule list, or the comment line just above
                 above = lines[number - 2].strip() if number > 1 else ""
                 reason = match[2].strip(" :-") or (above.lstrip("# ") if above.startswith("#") else "")
-                assert len(reason) >= 10, f"{name}:{number}: hadolint ignore={match[1]} without a reason"
+                expect(len(reason) >= 10, f"{name}:{number}: hadolint ignore={match[1]} without a reason")
     config = (REPO / "ci" / "hadolint.yaml").read_text()
     for line in config.splitlines():
         if re.match(r"\s*-\s*(DL|SC)\d+", line):
-            assert "#" in line, f"ci/hadolint.yaml: ignored rule without a reason: {line.strip()}"
+            expect("#" in line, f"ci/hadolint.yaml: ignored rule without a reason: {line.strip()}")
     log(f"hadolint: clean ({', '.join(HADOLINT_FILES)})")
 
 
@@ -252,7 +261,11 @@ def main():
 
     started = time.monotonic()
     failures = []
-    hadolint()
+    try:
+        hadolint()
+    except SmokeFailure as error:
+        failures.append(str(error))
+        log(f"hadolint: FAILED\n{error}")
     with Engine() as client:
         base = standin.ensure(client)
         result = build_image.build(client, base_image=base, hermetic=True)
@@ -261,12 +274,12 @@ def main():
         for case in CASES:
             try:
                 check_case(client, image, case)
-            except AssertionError as error:
+            except SmokeFailure as error:
                 failures.append(str(error))
                 log(f"{case.name}: FAILED\n{error}")
         try:
             inspect_image(client, image, base)
-        except AssertionError as error:
+        except SmokeFailure as error:
             failures.append(str(error))
             log(f"image: FAILED\n{error}")
     log(f"{'FAILED' if failures else 'passed'}: {len(CASES) + 2 - len(failures)} of {len(CASES) + 2} checks "
