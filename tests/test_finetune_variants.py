@@ -227,17 +227,20 @@ def test_round_trip_keeps_every_tensor(done, name):
 
 
 def test_two_ranks_export_one_consolidated_folder(done):
-    """The moe run sharded its weights over 2 ranks (FSDP); the export is one whole model, written once."""
+    """The moe run sharded its weights over 2 ranks (FSDP); the export is one whole model, written once, that
+    transformers serves as is: the source's logits, exactly (the weights are the source's)."""
+    import transformers
+
     tmp = done["tmp"]
     assert "--nproc_per_node=2" in done["moe"].stdout
     files = sorted(os.listdir(f"{tmp}/moe"))
     assert [name for name in files if name.endswith(".safetensors")] == ["model.safetensors"], files
     assert not [name for name in os.listdir(tmp) if ".partial-" in name or ".old-" in name]
-    config = json.loads(open(f"{tmp}/moe/config.json").read())
-    source = json.loads(open(f"{tmp}/moe-source/config.json").read())
-    assert config["architectures"] == ["Qwen3MoeForCausalLM"]
-    assert {k: config[k] for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "hidden_size")} \
-        == {k: source[k] for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "hidden_size")}
+    served = transformers.AutoModelForCausalLM.from_pretrained(f"{tmp}/moe")
+    source = transformers.AutoModelForCausalLM.from_pretrained(f"{tmp}/moe-source")
+    assert type(served).__name__ == "Qwen3MoeForCausalLM" and served.config.num_experts == source.config.num_experts
+    with torch.no_grad():
+        assert torch.equal(served(TOKENS).logits, source(TOKENS).logits)
 
 
 def test_chat_sft_loss_is_finite_and_falls(done):
