@@ -8,10 +8,13 @@ from a random initialisation.
 The token is read from HF_TOKEN by huggingface_hub itself and never put on a command line; everything this
 process prints passes through a filter that replaces it with ***.
 
-Exit status: 0 when the files are there, 1 when the download failed (worth a retry), 2 on bad arguments.
+Exit status: 0 when the files are there, 1 when the download failed (worth a retry), 2 on bad arguments or when
+DEST's disk has less free space than the weights still to fetch (asked of the Hub before the download).
 """
 
+import fnmatch
 import os
+import shutil
 import sys
 
 from entrypoint import hf_folder
@@ -46,6 +49,27 @@ class Redacted:
         return getattr(self._stream, name)
 
 
+def short_of_space(repo, dest) -> str | None:
+    """Why the weights still to fetch do not fit on DEST's disk, as one line; None when they fit or the Hub does not
+    say their size (the download then reports its own error)."""
+    from huggingface_hub import HfApi
+
+    try:
+        files = HfApi().model_info(repo, files_metadata=True).siblings or []
+    except Exception:
+        return None
+    needed = sum(f.size or 0 for f in files if any(fnmatch.fnmatch(f.rfilename, p) for p in WEIGHTS)
+                 and not os.path.isfile(os.path.join(dest, f.rfilename)))  # a resumed download fetches the rest
+    existing = os.path.abspath(dest)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    free = shutil.disk_usage(existing).free
+    if needed <= free:
+        return None
+    return (f"{repo}'s weights need {needed / 2**30:.1f} GiB more in {dest} but its disk has {free / 2**30:.1f} GiB "
+            "free: free space there, or mount a larger volume at ASSETS_DIR")
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     weights = "--weights" in argv
@@ -59,6 +83,10 @@ def main(argv=None) -> int:
     # before huggingface_hub is imported: its loggers and progress bars capture sys.stderr when created
     sys.stdout, sys.stderr = Redacted(sys.stdout, token), Redacted(sys.stderr, token)
     print(f"entrypoint: fetching {repo} ({', '.join((*REQUIRED, *extra))}) into {dest}", flush=True)
+    short = short_of_space(repo, dest) if weights else None
+    if short:
+        print(f"entrypoint: {short}", file=sys.stderr)
+        return 2
     try:
         from huggingface_hub import snapshot_download
 

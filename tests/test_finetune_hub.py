@@ -8,6 +8,7 @@ for. Resuming a broken download is huggingface_hub's own (`snapshot_download(loc
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,9 +21,14 @@ from entrypoint import fetch_assets
 TOKEN = "hf_secret_do_not_print"
 MODEL = "Qwen/Qwen3-0.6B"  # any dense MODEL but native's default, so the plan's model is the one fetched
 FAKE_HUB = '''
-import fnmatch, json, os, sys
+import fnmatch, json, os, sys, types
 
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+
+class HfApi:
+    def model_info(self, repo_id, files_metadata=False):
+        size = int(os.environ.get("FAKE_HUB_SHARD_BYTES", "1000"))
+        return types.SimpleNamespace(siblings=[types.SimpleNamespace(rfilename=n, size=size) for n in SHARDS])
 
 def snapshot_download(repo_id, local_dir, allow_patterns):
     print(f"fake hub: {repo_id} with token {os.environ.get('HF_TOKEN')}", file=sys.stderr)
@@ -114,3 +120,21 @@ def test_offline_without_weights_is_one_line_naming_the_model(hub, tmp_path, mon
     code, out, err, launched = run_launcher(monkeypatch, capfd, env)
     assert code == 2 and launched == [] and asked(tmp_path) == []
     assert err.count("\n") == 1 and "*.safetensors" in err and f"hf download {MODEL} " in err, err
+
+
+def test_too_little_disk_for_the_weights_stops_before_the_download(hub, tmp_path):
+    dest = tmp_path / "Qwen3-0.6B"
+    shard = int(shutil.disk_usage(tmp_path).free * 0.6)  # two shards do not fit, one does
+
+    def fetch():
+        return subprocess.run([sys.executable, "-m", "entrypoint.fetch_assets", MODEL, str(dest), "--weights"],
+                              env={**hub, "FAKE_HUB_SHARD_BYTES": str(shard)}, capture_output=True, text=True,
+                              timeout=60)
+
+    result = fetch()
+    assert result.returncode == 2 and asked(tmp_path) == []
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("entrypoint: ")]
+    assert line.startswith(f"entrypoint: {MODEL}'s weights need ") and "GiB free" in line and TOKEN not in line
+    dest.mkdir()
+    (dest / "model-00001-of-00002.safetensors").write_text("")  # a resumed download needs only the other shard
+    assert fetch().returncode == 0 and len(asked(tmp_path)) == 1
