@@ -174,11 +174,10 @@ def write_folder(target: str, tensors: dict, config: dict, files: list) -> None:
 
 def export(trainer) -> str | None:
     """EXPORT_DIR, if set: the trained model as a Hugging Face folder, written by rank 0; every rank returns
-    after it is complete."""
+    after it is complete. The adapter's coverage was checked before training (RunHooks.train)."""
     target = os.environ.get(EXPORT_ENV)
     if not target:
         return None
-    check_coverage(trainer)
     dtype = TORCH_DTYPE_MAP[trainer.config.checkpoint.export_dtype]
     states = full_state_dict(trainer)
     rank = dist.get_rank() if dist.is_initialized() else 0
