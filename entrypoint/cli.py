@@ -77,13 +77,14 @@ def prepare(resolved, settings, token, leases) -> int:
     code = checked(resolved, settings, token)
     if code:
         return code
-    if resolved.assets and fetch_assets.missing(resolved.assets):
+    weights = settings.init_from == "hub"  # the plan's MODEL's weights too, into the same folder
+    if resolved.assets and fetch_assets.missing(resolved.assets, weights):
         repo = resolved.model
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (plan.REPO, os.environ.get("PYTHONPATH"))))}
         if token:  # the only process that needs it; a secret made from a file ends in a newline
             env["HF_TOKEN"] = token.strip()
-        code = launch.run([sys.executable, "-m", "entrypoint.fetch_assets", repo, resolved.assets], env,
-                          settings.stop_grace)
+        code = launch.run([sys.executable, "-m", "entrypoint.fetch_assets", repo, resolved.assets,
+                           *(["--weights"] if weights else [])], env, settings.stop_grace)
         if code:
             return code
     elif resolved.assets:

@@ -198,7 +198,7 @@ VARS = (
         "variable are refused",
         lambda raw: tuple(shlex.split(raw))),
     Var("INIT_FROM", None, "`hub` or a path to a Hugging Face model folder",
-        "unset: random init; `hub`: the variant's Hub weights into ASSETS_DIR (full scale); a path: a local "
+        "unset: random init; `hub`: MODEL's Hub weights into ASSETS_DIR/<repo name> (full scale); a path: a local "
         "Hugging Face model folder (`config.json` + `*.safetensors`), loaded through torchtitan's state-dict adapter"),
     Var("EXPORT_DIR", None, "a path",
         "set: after training (also when the data runs out), a Hugging Face model folder there: config.json, "

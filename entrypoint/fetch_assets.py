@@ -1,25 +1,39 @@
-"""`python -m entrypoint.fetch_assets REPO DEST`: a model's full-scale assets from the Hugging Face Hub.
+"""`python -m entrypoint.fetch_assets REPO DEST [--weights]`: a model's full-scale assets from the Hugging Face Hub.
 
 The launcher runs this as a child process, only at full scale, only when `missing(DEST)` and HF_HUB_OFFLINE is
 not set: the launcher itself stays stdlib-only, and huggingface_hub is imported here, lazily. It is a snapshot
 download (resumable, with huggingface_hub's progress bars) of the files training reads: the tokenizer and the
-model's config.json. The weights are not fetched: the article's configs train from a random initialisation.
+model's config.json. The weights are fetched only with `--weights` (INIT_FROM=hub): the article's configs train
+from a random initialisation.
 The token is read from HF_TOKEN by huggingface_hub itself and never put on a command line; everything this
 process prints passes through a filter that replaces it with ***.
 
-Exit status: 0 when the files are there, 1 when the download failed (worth a retry), 2 on bad arguments.
+Exit status: 0 when the files are there, 1 when the download failed (worth a retry), 2 on bad arguments or when
+DEST's disk has less free space than the weights still to fetch (asked of the Hub before the download).
 """
 
+import fnmatch
 import os
+import shutil
 import sys
+
+from entrypoint import hf_folder
 
 REQUIRED = ("config.json", "tokenizer.json", "tokenizer_config.json")
 PATTERNS = (*REQUIRED, "generation_config.json", "vocab.json", "merges.txt")  # also fetched when the repo has them
+WEIGHTS = ("*.safetensors", "model.safetensors.index.json")  # INIT_FROM=hub: the weights, sharded or not
 
 
-def missing(dest) -> list:
-    """The required files not (yet) in `dest`; huggingface_hub writes each under a temporary name, then renames."""
-    return [name for name in REQUIRED if not os.path.isfile(os.path.join(dest, name))]
+def missing(dest, weights=False) -> list:
+    """The required files not (yet) in `dest`; huggingface_hub writes each under a temporary name, then renames.
+    With `weights`, also the safetensors (every shard the index names)."""
+    absent = [name for name in REQUIRED if not os.path.isfile(os.path.join(dest, name))]
+    if weights:
+        try:
+            hf_folder.safetensors_files(dest)
+        except (ValueError, OSError):
+            absent.append("*.safetensors")
+    return absent
 
 
 class Redacted:
@@ -35,27 +49,56 @@ class Redacted:
         return getattr(self._stream, name)
 
 
+def short_of_space(repo, dest) -> str | None:
+    """Why the weights still to fetch do not fit on DEST's disk, as one line; None when they fit or the Hub does not
+    say their size (the download then reports its own error)."""
+    from huggingface_hub import HfApi
+
+    try:
+        files = HfApi().model_info(repo, files_metadata=True).siblings or []
+    except Exception:
+        return None
+    needed = sum(f.size or 0 for f in files if any(fnmatch.fnmatch(f.rfilename, p) for p in WEIGHTS)
+                 and not os.path.isfile(os.path.join(dest, f.rfilename)))  # a resumed download fetches the rest
+    existing = os.path.abspath(dest)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    free = shutil.disk_usage(existing).free
+    if needed <= free:
+        return None
+    return (f"{repo}'s weights need {needed / 2**30:.1f} GiB more in {dest} but its disk has {free / 2**30:.1f} GiB "
+            "free: free space there, or mount a larger volume at ASSETS_DIR")
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    weights = "--weights" in argv
+    argv = [arg for arg in argv if arg != "--weights"]
     if len(argv) != 2:
-        print("usage: python -m entrypoint.fetch_assets HUB_REPO DEST", file=sys.stderr)
+        print("usage: python -m entrypoint.fetch_assets HUB_REPO DEST [--weights]", file=sys.stderr)
         return 2
     repo, dest = argv
+    extra = WEIGHTS if weights else ()
     token = os.environ.get("HF_TOKEN")
     # before huggingface_hub is imported: its loggers and progress bars capture sys.stderr when created
     sys.stdout, sys.stderr = Redacted(sys.stdout, token), Redacted(sys.stderr, token)
-    print(f"entrypoint: fetching {repo} ({', '.join(REQUIRED)}) into {dest}", flush=True)
+    print(f"entrypoint: fetching {repo} ({', '.join((*REQUIRED, *extra))}) into {dest}", flush=True)
+    short = short_of_space(repo, dest) if weights else None
+    if short:
+        print(f"entrypoint: {short}", file=sys.stderr)
+        return 2
     try:
         from huggingface_hub import snapshot_download
 
-        snapshot_download(repo_id=repo, local_dir=dest, allow_patterns=list(PATTERNS))
+        snapshot_download(repo_id=repo, local_dir=dest, allow_patterns=[*PATTERNS, *extra])
     except Exception as error:  # network, authorisation, disk: one line, retryable status
         first_line = (str(error).strip().splitlines() or [""])[0]
         print(f"entrypoint: could not fetch {repo} into {dest}: {type(error).__name__}: {first_line}; to go on, "
-              f"fill it where the Hub is reachable (`hf download {repo} --include '*.json' 'tokenizer*' --local-dir "
-              f"{dest}`) or mount a folder that has them at ASSETS_DIR", file=sys.stderr)
+              f"fill it where the Hub is reachable (`hf download {repo} --include '*.json' 'tokenizer*'"
+              f"{' *.safetensors' if weights else ''} --local-dir {dest}`) or mount a folder that has them at "
+              "ASSETS_DIR", file=sys.stderr)
         return 1
-    still = missing(dest)
+    still = missing(dest, weights)
     if still:
         print(f"entrypoint: {repo} was fetched into {dest} but has no {', '.join(still)}", file=sys.stderr)
         return 1

@@ -239,10 +239,10 @@ def writable(plan: Plan, settings: Settings, environ, fetching: bool) -> list:
 def assets(plan: Plan, settings: Settings) -> list:
     if not plan.assets or not settings.hf_hub_offline:
         return []
-    absent = fetch_assets.missing(plan.assets)
+    absent = fetch_assets.missing(plan.assets, weights=settings.init_from == "hub")
     if not absent:
         return []
-    repo = VARIANTS[settings.variant].hf_repo
+    repo = plan.model
     return [fail(f"{plan.assets} has no {', '.join(absent)} and HF_HUB_OFFLINE=1 forbids downloading them: "
                  f"fill ASSETS_DIR first (`hf download {repo} --local-dir {plan.assets}`) or unset HF_HUB_OFFLINE")]
 
@@ -353,7 +353,8 @@ def dataset(settings: Settings) -> list:
 
 def run(plan: Plan, settings: Settings, environ) -> list:
     """Every check, in order; the caller prints them and stops on a fatal one (unless PREFLIGHT=warn)."""
-    fetching = bool(plan.assets) and not settings.hf_hub_offline and bool(fetch_assets.missing(plan.assets))
+    fetching = bool(plan.assets) and not settings.hf_hub_offline and bool(
+        fetch_assets.missing(plan.assets, weights=settings.init_from == "hub"))
     return [*versions(), *runtime(plan), *lnc(plan, settings), *held_cores(plan), *memory(plan),
             *limits(settings.neuron_qwen3_root), *writable(plan, settings, environ, fetching),
             *assets(plan, settings), *init_from(plan, settings), *export_dir(plan, settings), *dataset(settings)]

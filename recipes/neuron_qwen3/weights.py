@@ -142,6 +142,13 @@ def companions(source: str | None, assets: str | None) -> list:
     return found + [os.path.join(tokenizer, name) for name in TOKENIZER_FILES if has(tokenizer, name)]
 
 
+def own_storage(tensor):
+    """`tensor`, copied when it views a larger storage: the MoE adapter's to_hf hands out each expert as a slice of
+    the stacked w1/w2/w3, and safetensors refuses tensors that share storage (a float32 export does not copy)."""
+    tensor = tensor.contiguous()
+    return tensor.clone() if tensor.untyped_storage().nbytes() != tensor.nbytes else tensor
+
+
 def write_folder(target: str, tensors: dict, config: dict, files: list) -> None:
     """The model folder, written beside `target` under a temporary name and renamed into place."""
     from huggingface_hub import save_torch_state_dict
@@ -167,16 +174,15 @@ def write_folder(target: str, tensors: dict, config: dict, files: list) -> None:
 
 def export(trainer) -> str | None:
     """EXPORT_DIR, if set: the trained model as a Hugging Face folder, written by rank 0; every rank returns
-    after it is complete."""
+    after it is complete. The adapter's coverage was checked before training (RunHooks.train)."""
     target = os.environ.get(EXPORT_ENV)
     if not target:
         return None
-    check_coverage(trainer)
     dtype = TORCH_DTYPE_MAP[trainer.config.checkpoint.export_dtype]
     states = full_state_dict(trainer)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0:
-        tensors = {key: (value.to(dtype) if value.is_floating_point() else value).contiguous()
+        tensors = {key: own_storage(value.to(dtype) if value.is_floating_point() else value)
                    for key, value in _adapter(trainer).to_hf(states).items()}
         source = trainer.config.checkpoint.initial_load_path or None
         base = _read_json(os.path.join(source, "config.json")) if source else {}

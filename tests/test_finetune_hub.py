@@ -1,0 +1,140 @@
+"""INIT_FROM=hub: the launcher fetches the plan's MODEL with its weights into $ASSETS_DIR/<repo name>, through
+huggingface_hub in a child process, the token never printed, and points torchtitan's initial load at that folder.
+
+No test reaches the network: a stand-in `huggingface_hub` (first on PYTHONPATH) plays the Hub, as in
+tests/test_entrypoint_assets.py, and writes a sharded model (index + two safetensors) when the weights are asked
+for. Resuming a broken download is huggingface_hub's own (`snapshot_download(local_dir=...)`), not proven here.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from test_entrypoint_assets import full_scale, run_launcher
+
+from entrypoint import fetch_assets
+
+TOKEN = "hf_secret_do_not_print"
+MODEL = "Qwen/Qwen3-0.6B"  # any dense MODEL but native's default, so the plan's model is the one fetched
+FAKE_HUB = '''
+import fnmatch, json, os, sys, types
+
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+
+class HfApi:
+    def model_info(self, repo_id, files_metadata=False):
+        size = int(os.environ.get("FAKE_HUB_SHARD_BYTES", "1000"))
+        return types.SimpleNamespace(siblings=[types.SimpleNamespace(rfilename=n, size=size) for n in SHARDS])
+
+def snapshot_download(repo_id, local_dir, allow_patterns):
+    print(f"fake hub: {repo_id} with token {os.environ.get('HF_TOKEN')}", file=sys.stderr)
+    sys.stderr.write("Fetching 6 files: 100%|##########| 6/6\\r\\n")
+    with open(os.environ["FAKE_HUB_LOG"], "a") as log:
+        log.write(json.dumps([repo_id, local_dir, sorted(allow_patterns)]) + "\\n")
+    files = {name: "{}" for name in ("config.json", "tokenizer.json", "tokenizer_config.json")}
+    files["model.safetensors.index.json"] = json.dumps({"weight_map": {"a": SHARDS[0], "b": SHARDS[1]}})
+    skip = os.environ.get("FAKE_HUB_SKIP")
+    files.update({name: "" for name in SHARDS if not (skip and skip in name)})
+    os.makedirs(local_dir, exist_ok=True)
+    for name, text in files.items():
+        if any(fnmatch.fnmatch(name, pattern) for pattern in allow_patterns):
+            open(os.path.join(local_dir, name), "w").write(text)
+    return local_dir
+'''
+
+
+@pytest.fixture
+def hub(tmp_path):
+    package = tmp_path / "fakehub" / "huggingface_hub"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(FAKE_HUB)
+    return {"PYTHONPATH": f"{package.parent}{os.pathsep}{os.path.dirname(os.path.dirname(__file__))}",
+            "FAKE_HUB_LOG": str(tmp_path / "hub.log"), "HF_TOKEN": TOKEN, "PATH": os.environ["PATH"]}
+
+
+def asked(tmp_path) -> list:
+    """Each snapshot_download call: [repo, local_dir, allow_patterns]."""
+    log = tmp_path / "hub.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_missing_weights_count_only_when_asked(tmp_path):
+    for name in fetch_assets.REQUIRED:
+        (tmp_path / name).write_text("{}")
+    assert fetch_assets.missing(tmp_path) == []
+    assert fetch_assets.missing(tmp_path, weights=True) == ["*.safetensors"]
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-1.safetensors"}}))
+    assert fetch_assets.missing(tmp_path, weights=True) == ["*.safetensors"]  # a shard the index names is absent
+    (tmp_path / "model-1.safetensors").write_text("")
+    assert fetch_assets.missing(tmp_path, weights=True) == []
+
+
+def test_fetch_with_weights_gets_every_shard_and_never_prints_the_token(hub, tmp_path):
+    dest = tmp_path / "Qwen3-0.6B"
+    result = subprocess.run([sys.executable, "-m", "entrypoint.fetch_assets", MODEL, str(dest), "--weights"],
+                            env=hub, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert TOKEN not in result.stdout + result.stderr and "100%" in result.stderr  # progress passes through
+    assert fetch_assets.missing(dest, weights=True) == []
+    [(repo, local_dir, patterns)] = asked(tmp_path)
+    assert (repo, local_dir) == (MODEL, str(dest)) and set(fetch_assets.WEIGHTS) <= set(patterns)
+
+
+def test_a_fetch_that_misses_a_shard_fails(hub, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "entrypoint.fetch_assets", MODEL, str(tmp_path / "m"), "--weights"],
+                            env={**hub, "FAKE_HUB_SKIP": "model-00002"}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stderr.strip().endswith("but has no *.safetensors")
+
+
+def test_launcher_fetches_the_plans_model_and_loads_it(hub, tmp_path, monkeypatch, capfd):
+    env = full_scale(hub, tmp_path, MODEL=MODEL, INIT_FROM="hub")
+    code, out, err, launched = run_launcher(monkeypatch, capfd, env)
+    assert code == 0, err
+    dest = str(tmp_path / "assets" / "Qwen3-0.6B")
+    assert [call[:2] for call in asked(tmp_path)] == [[MODEL, dest]]
+    assert TOKEN not in out + err and len(launched) == 1
+    argv = launched[0]
+    assert f"--checkpoint.initial_load_path={dest}" in argv and "--checkpoint.initial_load_in_hf" in argv
+    # a second launch finds everything in place and asks the Hub nothing
+    code, out, err, launched = run_launcher(monkeypatch, capfd, env)
+    assert code == 0 and len(launched) == 1 and len(asked(tmp_path)) == 1, err
+
+
+def test_assets_without_weights_are_fetched_again_for_init_from_hub(hub, tmp_path, monkeypatch, capfd):
+    dest = tmp_path / "assets" / "Qwen3-0.6B"
+    dest.mkdir(parents=True)
+    for name in fetch_assets.REQUIRED:
+        (dest / name).write_text("{}")
+    code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path, MODEL=MODEL, INIT_FROM="hub"))
+    assert code == 0 and len(launched) == 1, err
+    [(repo, _, patterns)] = asked(tmp_path)
+    assert repo == MODEL and "*.safetensors" in patterns
+
+
+def test_offline_without_weights_is_one_line_naming_the_model(hub, tmp_path, monkeypatch, capfd):
+    env = full_scale(hub, tmp_path, MODEL=MODEL, INIT_FROM="hub", HF_HUB_OFFLINE="1")
+    code, out, err, launched = run_launcher(monkeypatch, capfd, env)
+    assert code == 2 and launched == [] and asked(tmp_path) == []
+    assert err.count("\n") == 1 and "*.safetensors" in err and f"hf download {MODEL} " in err, err
+
+
+def test_too_little_disk_for_the_weights_stops_before_the_download(hub, tmp_path):
+    dest = tmp_path / "Qwen3-0.6B"
+    shard = int(shutil.disk_usage(tmp_path).free * 0.6)  # two shards do not fit, one does
+
+    def fetch():
+        return subprocess.run([sys.executable, "-m", "entrypoint.fetch_assets", MODEL, str(dest), "--weights"],
+                              env={**hub, "FAKE_HUB_SHARD_BYTES": str(shard)}, capture_output=True, text=True,
+                              timeout=60)
+
+    result = fetch()
+    assert result.returncode == 2 and asked(tmp_path) == []
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("entrypoint: ")]
+    assert line.startswith(f"entrypoint: {MODEL}'s weights need ") and "GiB free" in line and TOKEN not in line
+    dest.mkdir()
+    (dest / "model-00001-of-00002.safetensors").write_text("")  # a resumed download needs only the other shard
+    assert fetch().returncode == 0 and len(asked(tmp_path)) == 1

@@ -1,0 +1,257 @@
+"""Fine-tuning proofs for nki_moe and v5, chat SFT and a 2-process export, against transformers.
+
+tests/test_finetune.py proves `native` on one process. Here, every shape comes from the recipes' own configs
+(config_registry), never from this file:
+- same function, in process: each variant's model, loaded through its state-dict adapter from a random model
+  transformers made and saved, gives transformers' logits (nki_moe: transformers' experts in bf16 too);
+- three real launcher runs on CPU, shared by the tests below:
+    moe:  VARIANT=nki_moe, INIT_FROM a Qwen3MoeForCausalLM, learning rate 0, 2 steps, NPROC=2, float32 export
+    v5:   VARIANT=v5, INIT_FROM a Qwen3ForCausalLM, learning rate 0, 2 steps, float32 export
+    chat: VARIANT=native, DATASET a `messages` .jsonl (SFT through ChatDataLoader), 8 steps, export
+Run: .venv/bin/python -m pytest tests/test_finetune_variants.py -q
+"""
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from conftest import REPO, worker_env
+
+pytestmark = pytest.mark.training
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+STEP_LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
+ZERO_LR = "--optimizer.param-groups.0.optimizer-kwargs.lr 0"
+TOKENS = torch.randint(0, 2048, (2, 64), generator=torch.Generator().manual_seed(0))
+# Both sides multiply the experts in bf16 (torchtitan's grouped experts always do): what remains is bf16 rounding
+# of the expert outputs in a different order of blocks; measured 6.7e-5 here, the issue's own figure is 1e-4.
+MOE_BOUND = 1e-4
+
+
+def rel_err(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def losses(result) -> dict:
+    return {int(s): float(v) for s, v in STEP_LOSS.findall(ANSI.sub("", result.stdout + result.stderr))}
+
+
+def tensors(folder):
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(folder, "model.safetensors"))
+
+
+def moe_config():
+    """The nki_moe smoke config as a run that loads HF weights builds it (no routing bias: weights.py)."""
+    from neuron_qwen3 import config_registry, weights
+
+    config = config_registry.nki_moe_qwen3_smoke()
+    config.checkpoint.initial_load_in_hf = True
+    weights.hf_compatible(config)
+    return config
+
+
+def save_moe(folder):
+    """A random Qwen3MoeForCausalLM of the nki_moe smoke shape, saved by transformers; returns the model."""
+    import transformers
+
+    from neuron_qwen3 import weights
+
+    shape = weights.native_hf_config(moe_config().model_spec.model, {})
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**shape))
+    model.save_pretrained(folder)
+    return model
+
+
+def save_dense(folder):
+    """A random Qwen3ForCausalLM of the dense smoke shape (the config.json the v5 smoke config reads)."""
+    import transformers
+
+    from neuron_qwen3 import config_registry
+
+    shape = json.loads((config_registry.SMOKE_HF_MODEL / "config.json").read_text())
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shape))
+    model.save_pretrained(folder)
+    return model
+
+
+def bf16_experts(self, hidden, top_k_index, top_k_weights):
+    """transformers' Qwen3MoeExperts.forward with the expert matmuls in bf16, as torchtitan's GroupedExperts does
+    them (inputs and weights cast to bf16, result cast back); the routing weight applied after, in fp32."""
+    out = torch.zeros_like(hidden)
+    for expert in range(self.num_experts):
+        token, slot = torch.where(top_k_index == expert)
+        x = hidden[token].bfloat16()
+        gate, up = torch.nn.functional.linear(x, self.gate_up_proj[expert].bfloat16()).chunk(2, dim=-1)
+        down = torch.nn.functional.linear(self.act_fn(gate) * up, self.down_proj[expert].bfloat16())
+        out.index_add_(0, token, down.to(hidden.dtype) * top_k_weights[token, slot, None])
+    return out
+
+
+def chat_rows(count=300):
+    """Two-turn records made from the bundled corpus: the user gives a sentence's start, the assistant ends it."""
+    from neuron_qwen3.config_registry import SMOKE_CORPUS
+
+    rows = []
+    for line in (SMOKE_CORPUS / "train.jsonl").read_text().splitlines()[:count]:
+        words = json.loads(line)["text"].split()
+        half = max(1, len(words) // 2)
+        rows.append({"messages": [{"role": "user", "content": " ".join(words[:half])},
+                                  {"role": "assistant", "content": " ".join(words[half:]) or "."}]})
+    return rows
+
+
+# ---- same function, in process ------------------------------------------------------------------------------
+
+
+def test_nki_moe_is_the_function_transformers_computes(tmp_path):
+    from torchtitan.config.override import apply_overrides
+
+    from neuron_qwen3.nki_experts import NKIGroupedExperts
+
+    reference = save_moe(tmp_path)
+    config = moe_config()
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    apply_overrides(config.override, config)  # the NKI experts, as the trainer swaps them in
+    model = model_config.build()
+    assert all(isinstance(layer.moe.routed_experts.inner_experts, NKIGroupedExperts) for layer in model.layers.values())
+    adapter = config.model_spec.state_dict_adapter(model_config, None)
+    model.load_state_dict(adapter.from_hf(tensors(tmp_path)), strict=True)
+    positions = torch.arange(TOKENS.shape[1]).expand_as(TOKENS)
+    for module in reference.modules():
+        if type(module).__name__ == "Qwen3MoeExperts":
+            module.forward = types.MethodType(bf16_experts, module)
+    with torch.no_grad():
+        ours = model(TOKENS, attention_masks=model.get_attention_masks(positions), positions=positions)
+        theirs = reference(TOKENS).logits
+    assert rel_err(ours, theirs) <= MOE_BOUND
+
+
+def test_v5_is_the_function_transformers_computes(tmp_path):
+    from neuron_qwen3 import config_registry
+
+    reference = save_dense(tmp_path)
+    config = config_registry.v5_qwen3_smoke()
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    model.to_empty(device="cpu")  # as the trainer materialises it; init restores the rotary buffers
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    adapter = config.model_spec.state_dict_adapter(model_config, None)
+    loaded = adapter.from_hf(tensors(tmp_path))
+    assert set(loaded) == set(model.state_dict())
+    model.load_state_dict(loaded, strict=True)
+    positions = torch.arange(TOKENS.shape[1]).expand_as(TOKENS)
+    with torch.no_grad():
+        ours = model(TOKENS, positions=positions)
+        theirs = reference(TOKENS).logits
+    assert rel_err(ours, theirs) <= 1e-5
+
+
+def test_an_adapter_that_drops_expert_keys_is_caught(monkeypatch):
+    """The Qwen3 adapter's to_hf skips keys it does not know (upstream PR #3626): check_coverage names them."""
+    from neuron_qwen3 import weights
+
+    config = moe_config()
+    with torch.device("meta"):
+        model = config.model_spec.model.build()
+    trainer = types.SimpleNamespace(config=config, model_parts=[model], model_config=config.model_spec.model)
+    weights.check_coverage(trainer)  # the real adapter covers every weight
+    adapter = type(config.model_spec.state_dict_adapter(config.model_spec.model, None))
+    real = adapter.to_hf
+    monkeypatch.setattr(adapter, "to_hf", lambda self, sd: {k: v for k, v in real(self, sd).items()
+                                                             if ".experts." not in k})
+    with pytest.raises(weights.CoverageError, match=r"no Hugging Face key for \d+ weights \(first: .*experts"):
+        weights.check_coverage(trainer)
+
+
+# ---- launcher runs ------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def runs(tmp):
+    save_moe(f"{tmp}/moe-source")
+    save_dense(f"{tmp}/dense-source")
+    with open(f"{tmp}/chat.jsonl", "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in chat_rows())
+
+    def launch(name, **env):
+        env = worker_env(SCALE="smoke", OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache",
+                         EXPORT_DIR=f"{tmp}/{name}", EXPORT_DTYPE="float32", **env)
+        return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
+                              text=True, timeout=900)
+
+    return {
+        "tmp": tmp,
+        "moe": launch("moe", VARIANT="nki_moe", INIT_FROM=f"{tmp}/moe-source", STEPS="2", NPROC="2",
+                      EXTRA_ARGS=ZERO_LR),
+        "v5": launch("v5", VARIANT="v5", INIT_FROM=f"{tmp}/dense-source", STEPS="2", EXTRA_ARGS=ZERO_LR),
+        "chat": launch("chat", VARIANT="native", DATASET=f"{tmp}/chat.jsonl", DATASET_FIELD="messages",
+                       STEPS="8"),
+    }
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    return runs(str(tmp_path_factory.mktemp("variants")))
+
+
+@pytest.mark.parametrize("name", ["moe", "v5", "chat"])
+def test_runs_finish(done, name):
+    result = done[name]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    steps = 8 if name == "chat" else 2
+    assert sorted(losses(result)) == list(range(1, steps + 1))
+
+
+@pytest.mark.parametrize("name", ["moe", "v5"])
+def test_round_trip_keeps_every_tensor(done, name):
+    """lr 0: the export is the source, tensor for tensor; no key of the source is missing (the expert keys)."""
+    source = f"{done['tmp']}/{'moe' if name == 'moe' else 'dense'}-source"
+    before, after = tensors(source), tensors(f"{done['tmp']}/{name}")
+    assert sorted(before) == sorted(after)
+    for key, value in before.items():
+        assert torch.equal(value, after[key]), key
+
+
+def test_two_ranks_export_one_consolidated_folder(done):
+    """The moe run sharded its weights over 2 ranks (FSDP); the export is one whole model, written once, that
+    transformers serves as is: the source's logits, exactly (the weights are the source's)."""
+    import transformers
+
+    tmp = done["tmp"]
+    assert "--nproc_per_node=2" in done["moe"].stdout
+    files = sorted(os.listdir(f"{tmp}/moe"))
+    assert [name for name in files if name.endswith(".safetensors")] == ["model.safetensors"], files
+    assert not [name for name in os.listdir(tmp) if ".partial-" in name or ".old-" in name]
+    served = transformers.AutoModelForCausalLM.from_pretrained(f"{tmp}/moe")
+    source = transformers.AutoModelForCausalLM.from_pretrained(f"{tmp}/moe-source")
+    assert type(served).__name__ == "Qwen3MoeForCausalLM" and served.config.num_experts == source.config.num_experts
+    with torch.no_grad():
+        assert torch.equal(served(TOKENS).logits, source(TOKENS).logits)
+
+
+def test_chat_sft_loss_is_finite_and_falls(done):
+    found = losses(done["chat"])
+    assert all(value == value and abs(value) != float("inf") for value in found.values()), found
+    assert found[8] < found[1] - 0.5, found
+
+
+def test_chat_export_keeps_the_chat_template(done):
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(f"{done['tmp']}/chat")
+    text = tokenizer.apply_chat_template(chat_rows(1)[0]["messages"], tokenize=False)
+    assert text.startswith("<|im_start|>user\n") and "<|im_start|>assistant\n" in text
