@@ -29,7 +29,8 @@ from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
 DEPLOY = REPO / "deploy"
 SCHEMA = Path(__file__).resolve().parent / "data" / "kubeflow-trainjob-v2.3.0.schema.json"
 VARS = {var.name: var for var in contract.VARS}
-PASSED_THROUGH = {"HF_HOME", "FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE"}  # for the workers
+# for the workers; RUN_ID only names the run's folders (Kubernetes expands $(RUN_ID) in the paths)
+PASSED_THROUGH = {"HF_HOME", "FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE", "RUN_ID"}
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STEP_LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
 
@@ -85,8 +86,7 @@ def test_trainjob_matches_the_kubeflow_trainer_crd(trainjob):
 
 def test_trainjob_asks_for_whole_trn2_nodes(trainjob):
     trainer = trainjob["spec"]["trainer"]
-    assert (trainjob["apiVersion"], trainjob["kind"], trainjob["spec"]["runtimeRef"]["name"]) == (
-        "trainer.kubeflow.org/v1alpha1", "TrainJob", "torch-distributed")
+    assert (trainjob["apiVersion"], trainjob["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", trainjob["metadata"]["name"])
     assert trainer["numNodes"] >= 2
     for part in ("requests", "limits"):
@@ -114,6 +114,34 @@ def test_trainjob_runs_the_image_launcher_with_contract_variables(trainjob):
     contract.parse(env)  # every value is one the launcher accepts
     token = next(e for e in trainer["env"] if e["name"] == "HF_TOKEN")
     assert "value" not in token and token["valueFrom"]["secretKeyRef"]["optional"] is True
+
+
+def test_trainjob_runs_on_our_runtime_which_restarts_the_job(trainjob):
+    runtime = yaml.safe_load((DEPLOY / "kubernetes" / "runtime.yaml").read_text())
+    assert (runtime["apiVersion"], runtime["kind"]) == ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime")
+    assert trainjob["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
+    assert "torch" in runtime["spec"]["mlPolicy"]  # PET_* for the launcher, as the stock torch runtime
+    jobset = runtime["spec"]["template"]["spec"]
+    assert jobset["failurePolicy"]["maxRestarts"] >= 1, "one preempted pod would fail the whole TrainJob"
+    node = jobset["replicatedJobs"][0]
+    patched = trainjob["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    assert node["name"] == patched["name"] == "node"  # the TrainJob's pod settings land on this job
+    assert node["template"]["spec"]["template"]["spec"]["containers"][0]["name"] == \
+        pod_spec(trainjob)["containers"][0]["name"]
+
+
+def test_manifests_set_steps_and_a_folder_per_run(trainjob):
+    env = {e["name"]: e for e in trainjob["spec"]["trainer"]["env"]}
+    assert int(env["STEPS"]["value"]) > int(env["CHECKPOINT_INTERVAL"]["value"])  # set, and past a checkpoint
+    assert env["RUN_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['jobset.sigs.k8s.io/jobset-uid']"
+    names = list(env)
+    for name in ("OUTPUT_DIR", "CHECKPOINT_DIR", "EXPORT_DIR"):
+        assert "/$(RUN_ID)" in env[name]["value"] and names.index("RUN_ID") < names.index(name), name
+    sbatch = SBATCH.read_text()
+    assert re.search(r"^RUN=\$\{RUN:-\$\{SLURM_JOB_NAME:-qwen3\}-\$\{SLURM_JOB_ID", sbatch, re.M), \
+        "a requeued job keeps its id (resumes); a new submission gets a new folder"
+    assert re.search(r"^export STEPS=\$\{STEPS:-(\d+)\}", sbatch, re.M)
+    assert "HF_TOKEN" in sbatch
 
 
 def test_trainjob_volumes_shm_and_stop_bound(trainjob):
@@ -204,7 +232,7 @@ def test_sbatch_without_image_gives_the_launcher_a_slurm_rendezvous(srun, tmp_pa
     shown = json.loads(result.stdout)
     assert shown["rendezvous"]["endpoint"] == "trn-001:29500" and shown["rendezvous"]["run_id"] == "4242"
     assert (shown["rendezvous"]["nnodes"], shown["rendezvous"]["node_rank"]) == (2, 1)
-    assert shown["checkpoint_dir"] == f"{tmp_path}/fsx/outputs/qwen3-native/checkpoint"
+    assert shown["checkpoint_dir"] == f"{tmp_path}/fsx/outputs/qwen3-4242/checkpoint"  # the job's own folder
     assert "--max-restarts=1" in shown["argv"] and "is_host=false" in shown["argv"]
 
 
