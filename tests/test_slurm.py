@@ -1,0 +1,170 @@
+"""A real Slurm runs deploy/slurm/train.sbatch: SIGTERM leaves a checkpoint, and the requeued job resumes from it.
+
+Debian's slurm-wlm and munge (installed by apt-get when missing), one node on this host: slurmctld and slurmd run
+as root with a slurm.conf in a temp folder (SLURM_CONF), on ports of their own; the test stops the daemons it
+started. The job runs the launcher of this checkout (`IMAGE=`, no pyxis here) at smoke scale on CPU.
+`scancel --signal=TERM` reaches the job step's tasks as a preemption would; the workers save the step they are in,
+the launcher exits 143, the script requeues the job, and the second run begins at the next step.
+Skipped, with the reason, where Slurm cannot be installed or started (not root, no package index).
+Run: .venv/bin/python -m pytest tests/test_slurm.py -q -s
+"""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.training
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+STEPS = 8
+CONF = """ClusterName=nq
+SlurmctldHost={host}
+SlurmctldPort=16817
+SlurmdPort=16818
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={tmp}/state
+SlurmdSpoolDir={tmp}/spool
+SlurmctldPidFile={tmp}/slurmctld.pid
+SlurmdPidFile={tmp}/slurmd.pid
+SlurmctldLogFile={tmp}/slurmctld.log
+SlurmdLogFile={tmp}/slurmd.log
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+KillWait=90
+NodeName={host} CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def sh(*argv, env=None, check=True, timeout=120):
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def install_slurm():
+    """None when slurm-wlm and munge are there (installed now if needed), else why not."""
+    if os.geteuid() != 0:
+        return "needs root to install and run slurmctld, slurmd and munged"
+    if shutil.which("sbatch") and shutil.which("munged") or os.path.exists("/usr/sbin/munged"):
+        return None
+    if not shutil.which("apt-get"):
+        return "slurm-wlm is not installed and there is no apt-get"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-q"],
+                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"]):
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode:
+            return f"`{' '.join(argv)}` failed: {done.stderr.strip().splitlines()[-1:]}"
+    return None
+
+
+def start_munge(started):
+    if subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0:
+        return  # a munged already answers
+    if not os.path.exists("/etc/munge/munge.key"):
+        sh("mungekey", "-c")
+        shutil.chown("/etc/munge/munge.key", "munge", "munge")
+        os.chmod("/etc/munge/munge.key", 0o400)
+    os.makedirs("/run/munge", exist_ok=True)
+    shutil.chown("/run/munge", "munge", "munge")
+    sh("su", "-s", "/bin/sh", "munge", "-c", "/usr/sbin/munged --force")
+    started.append(int(Path("/run/munge/munged.pid").read_text()))
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """The environment for Slurm's commands (SLURM_CONF); the daemons run for the module."""
+    why = install_slurm()
+    if why:
+        pytest.skip(f"no Slurm here: {why}")
+    tmp = tmp_path_factory.mktemp("slurm")
+    (tmp / "state").mkdir()
+    (tmp / "spool").mkdir()
+    host = socket.gethostname().split(".")[0]
+    (tmp / "slurm.conf").write_text(CONF.format(host=host, tmp=tmp, cpus=os.cpu_count()))
+    env = {**os.environ, "SLURM_CONF": str(tmp / "slurm.conf")}
+    started = []
+    try:
+        start_munge(started)
+        for daemon, pidfile in (("slurmctld", "slurmctld.pid"), ("slurmd", "slurmd.pid")):
+            sh(f"/usr/sbin/{daemon}", env=env)
+            deadline = time.monotonic() + 30
+            while not (tmp / pidfile).exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            started.append(int((tmp / pidfile).read_text()))
+        deadline = time.monotonic() + 60
+        while sh("sinfo", "-h", "-o", "%t", env=env, check=False).stdout.strip() != "idle":
+            if time.monotonic() > deadline:
+                pytest.skip(f"no Slurm here: the node never became idle; {(tmp / 'slurmd.log').read_text()[-500:]}")
+            time.sleep(0.5)
+        yield env, tmp
+    finally:
+        for pid in reversed(started):  # only the daemons this test started
+            try:
+                os.kill(pid, 15)
+            except ProcessLookupError:
+                pass
+
+
+def job_state(env, job):
+    shown = sh("scontrol", "show", "job", job, env=env, check=False).stdout
+    state = re.search(r"JobState=(\S+)", shown)
+    restarts = re.search(r"Restarts=(\d+)", shown)
+    return (state[1] if state else "GONE"), int(restarts[1]) if restarts else 0
+
+
+def wait_until(predicate, what, timeout=600):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def test_scancel_sigterm_leaves_a_checkpoint_and_the_requeued_job_resumes(slurm):
+    env, tmp = slurm
+    out = tmp / "job.out"
+    job_env = {**env, "IMAGE": "", "NEURON_QWEN3_HOME": str(REPO), "PYTHON": sys.executable, "SHARED": str(tmp),
+               "VARIANT": "native", "SCALE": "smoke", "NPROC": "1", "STEPS": str(STEPS), "STOP_GRACE": "60",
+               "PREFLIGHT": "warn", "CACHE_DIR": str(tmp / "cache")}
+    job = sh("sbatch", "--parsable", "--nodes=1", "--open-mode=append", f"--output={out}",
+             str(REPO / "deploy" / "slurm" / "train.sbatch"), env=job_env, timeout=60).stdout.strip().split(";")[0]
+    text = lambda: ANSI.sub("", out.read_text()) if out.exists() else ""  # noqa: E731
+    try:
+        wait_until(lambda: re.search(r"step:\s*2\s", text()) or job_state(env, job)[0] in ("FAILED", "COMPLETED"),
+                   "step 2 of the first run")
+        assert re.search(r"step:\s*2\s", text()), text()[-3000:]
+        sh("scancel", "--signal=TERM", job, env=env)
+        wait_until(lambda: "requeueing job" in text() or job_state(env, job)[0] in ("FAILED", "COMPLETED"),
+                   "the stop and the requeue")
+        first = text()
+        stop = re.search(r"stop: SIGTERM at step (\d+): saved step-(\d+)", first)
+        assert stop and f"train.sbatch: stopped (143) with a checkpoint: requeueing job {job}" in first, first[-3000:]
+        k = int(stop[1])
+        checkpoint = tmp / "outputs" / "qwen3-native" / "checkpoint"  # $SHARED/outputs/<job name>-<variant>
+        assert (checkpoint / f"step-{k}" / ".metadata").exists()
+        # a requeued job may wait for a begin time Slurm sets; let it start now
+        sh("scontrol", "update", f"JobId={job}", "StartTime=now", env=env, check=False)
+        wait_until(lambda: job_state(env, job) == ("COMPLETED", 1) or job_state(env, job)[0] == "FAILED",
+                   "the requeued job to finish")
+        assert job_state(env, job) == ("COMPLETED", 1), text()[-3000:]
+        second = text()[len(first):]
+        assert f"Training starts at step {k + 1}" in second, second[-3000:]
+        steps = [int(step) for step in re.findall(r"step:\s*(\d+)\s+loss", second)]
+        assert steps == list(range(k + 1, STEPS + 1)), steps
+        assert (checkpoint / f"step-{STEPS}" / ".metadata").exists()
+        print(f"\nslurm: stopped at step {k} with a checkpoint, requeued, resumed at {k + 1}, finished at {STEPS}")
+    finally:
+        sh("scancel", job, env=env, check=False)
