@@ -153,7 +153,7 @@ def test_scancel_sigterm_leaves_a_checkpoint_and_the_requeued_job_resumes(slurm)
         stop = re.search(r"stop: SIGTERM at step (\d+): saved step-(\d+)", first)
         assert stop and f"train.sbatch: stopped (143) with a checkpoint: requeueing job {job}" in first, first[-3000:]
         k = int(stop[1])
-        checkpoint = tmp / "outputs" / "qwen3-native" / "checkpoint"  # $SHARED/outputs/<job name>-<variant>
+        checkpoint = tmp / "outputs" / f"qwen3-{job}" / "checkpoint"  # $SHARED/outputs/<job name>-<job id>
         assert (checkpoint / f"step-{k}" / ".metadata").exists()
         # a requeued job may wait for a begin time Slurm sets; let it start now
         sh("scontrol", "update", f"JobId={job}", "StartTime=now", env=env, check=False)
