@@ -25,13 +25,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 from ci import build_image, standin, wheelhouse
+from entrypoint import names
 
 STEPS = os.environ.get("NQ_SMOKE_STEPS", "4")
 NEURON_DEVICES = 4  # x 4 logical cores per trn2 device at LNC 2 = 16 processes
 SIZE_BUDGET = 1.5e9  # bytes the image may add on top of its base
 HADOLINT_FILES = ("Dockerfile", "ci/standin/Dockerfile")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*([-+0-9.eE]+|nan|inf)")
+LOSS = re.compile(names.LOSS_LINE)
 
 
 @dataclass(frozen=True)

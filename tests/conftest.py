@@ -1,9 +1,12 @@
 """Shared helpers: where things are, and how to run a Python snippet the way a worker runs."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+from entrypoint import names
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
@@ -26,3 +29,7 @@ def run_scenario(name: str, *args: str, nproc: int = 1, timeout: int = 300) -> s
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", script, *args]
     return subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torchtitan colours its log lines
+STEP_LOSS = re.compile(names.LOSS_LINE)  # `step: N  loss: X`, the one pattern the launcher and tests read

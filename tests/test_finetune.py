@@ -9,18 +9,15 @@ Run: .venv/bin/python -m pytest tests/test_finetune.py
 
 import functools
 import json
-import re
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import REPO, worker_env
+from conftest import ANSI, REPO, STEP_LOSS, worker_env
 
 pytestmark = pytest.mark.training
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-STEP_LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
 ZERO_LR = "--optimizer.param-groups.0.optimizer-kwargs.lr 0"
 
 

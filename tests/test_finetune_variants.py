@@ -14,7 +14,6 @@ Run: .venv/bin/python -m pytest tests/test_finetune_variants.py -q
 import functools
 import json
 import os
-import re
 import subprocess
 import sys
 import types
@@ -22,11 +21,9 @@ import types
 import pytest
 import torch
 
-from conftest import REPO, worker_env
+from conftest import ANSI, REPO, STEP_LOSS, worker_env
 
 pytestmark = pytest.mark.training
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-STEP_LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
 ZERO_LR = "--optimizer.param-groups.0.optimizer-kwargs.lr 0"
 TOKENS = torch.randint(0, 2048, (2, 64), generator=torch.Generator().manual_seed(0))
 # Both sides multiply the experts in bf16 (torchtitan's grouped experts always do): what remains is bf16 rounding

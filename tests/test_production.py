@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import ANSI, REPO, STEP_LOSS
 
 from entrypoint import checkpoints, contract, launch
 from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
@@ -31,8 +31,6 @@ SCHEMA = Path(__file__).resolve().parent / "data" / "kubeflow-trainjob-v2.3.0.sc
 VARS = {var.name: var for var in contract.VARS}
 # for the workers; RUN_ID only names the run's folders (Kubernetes expands $(RUN_ID) in the paths)
 PASSED_THROUGH = {"HF_HOME", "FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE", "RUN_ID"}
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-STEP_LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
 
 
 # ---- Kubernetes --------------------------------------------------------------------------------

@@ -21,14 +21,12 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from conftest import REPO, worker_env
+from conftest import ANSI, REPO, STEP_LOSS, worker_env
 
 from entrypoint import checkpoints
 
 pytestmark = pytest.mark.training
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-STEP_LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
 STOPPED_AT = re.compile(r"stop: SIGTERM at step (\d+): saved step-\d+")
 STEPS, INTERVAL, SIGNAL_AFTER = 6, 3, 1
 STOP_GRACE = 120  # generous: a loaded CI machine must not turn the save into a kill (the bound is launch.py's test)

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import ANSI, REPO
 
 pytestmark = pytest.mark.training
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STEPS = 8
 CONF = """ClusterName=nq
 SlurmctldHost={host}

@@ -13,14 +13,12 @@ import sys
 
 import pytest
 
-from conftest import REPO, worker_env
+from conftest import ANSI, REPO, STEP_LOSS, worker_env
 
 from entrypoint.variants import VARIANTS
 
 pytestmark = pytest.mark.training
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-STEP_LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*(\S+)")
 SMOKE_MOE_LAYERS = 2  # recipes' SMOKE["n_layers"]; every layer of the smoke MoE is an MoE layer
 
 
