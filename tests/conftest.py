@@ -33,3 +33,12 @@ def run_scenario(name: str, *args: str, nproc: int = 1, timeout: int = 300) -> s
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torchtitan colours its log lines
 STEP_LOSS = re.compile(names.LOSS_LINE)  # `step: N  loss: X`, the one pattern the launcher and tests read
+
+
+def stand_in(tmp_path, package: str, source: str, **env) -> dict:
+    """An environment in which `import <package>` loads `source` (a stand-in written under tmp_path), as a child
+    process sees it: the stand-in first on PYTHONPATH, then the repository; `env` added."""
+    folder = tmp_path / "stand-ins" / package
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text(source)
+    return {"PYTHONPATH": f"{folder.parent}{os.pathsep}{REPO}", "PATH": os.environ["PATH"], **env}

@@ -8,13 +8,12 @@ Run: .venv/bin/python -m pytest tests/test_entrypoint_assets.py -q
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from entrypoint import cli, fetch_assets, launch
+from conftest import REPO, stand_in
 
-REPO = Path(__file__).resolve().parent.parent
+from entrypoint import cli, fetch_assets, launch
 TOKEN = "hf_secret_do_not_print"
 FAKE_HUB = '''
 import os, sys
@@ -38,11 +37,7 @@ def snapshot_download(repo_id, local_dir, allow_patterns):
 @pytest.fixture
 def hub(tmp_path):
     """PYTHONPATH and environment that make `import huggingface_hub` load the stand-in."""
-    package = tmp_path / "fakehub" / "huggingface_hub"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(FAKE_HUB)
-    return {"PYTHONPATH": f"{package.parent}{os.pathsep}{REPO}", "FAKE_HUB_LOG": str(tmp_path / "hub.log"),
-            "HF_TOKEN": TOKEN, "PATH": os.environ["PATH"]}
+    return stand_in(tmp_path, "huggingface_hub", FAKE_HUB, FAKE_HUB_LOG=str(tmp_path / "hub.log"), HF_TOKEN=TOKEN)
 
 
 def fetch(hub, dest, **env):

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from conftest import stand_in
 from test_entrypoint_assets import full_scale, run_launcher
 
 from entrypoint import fetch_assets
@@ -49,11 +50,7 @@ def snapshot_download(repo_id, local_dir, allow_patterns):
 
 @pytest.fixture
 def hub(tmp_path):
-    package = tmp_path / "fakehub" / "huggingface_hub"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(FAKE_HUB)
-    return {"PYTHONPATH": f"{package.parent}{os.pathsep}{os.path.dirname(os.path.dirname(__file__))}",
-            "FAKE_HUB_LOG": str(tmp_path / "hub.log"), "HF_TOKEN": TOKEN, "PATH": os.environ["PATH"]}
+    return stand_in(tmp_path, "huggingface_hub", FAKE_HUB, FAKE_HUB_LOG=str(tmp_path / "hub.log"), HF_TOKEN=TOKEN)
 
 
 def asked(tmp_path) -> list:
