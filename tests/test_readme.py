@@ -24,7 +24,7 @@ def test_every_variant_row_names_its_configs():
 def test_env_table_matches_the_contract():
     for var in VARS:
         if var.group not in README_GROUPS:
-            continue  # the others are in docs/production.md (tests/test_production.py checks that table)
+            continue  # the others are in docs/production.md (tests/test_deploy.py checks that table)
         default = f"`{var.default}`" if var.default else "-"
         assert f"| `{var.name}` | {default} | {var.allowed} |" in README, f"README's row for {var.name} is stale"
 
