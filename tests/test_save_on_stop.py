@@ -64,6 +64,12 @@ def launch(env, stop_after=None):
     return status, "".join(lines), (time.monotonic() - signalled if signalled else None)
 
 
+def explain(output: str) -> str:
+    """What a failed run printed outside rank 0's training log (the launcher's and torchrun's lines), then its tail."""
+    own = [line for line in output.splitlines() if not line.startswith("[rank0]:[titan]")]
+    return "\n".join(own[-60:]) + "\n--- tail ---\n" + output[-2000:]
+
+
 @functools.cache
 def runs(tmp, variant, nproc):
     """(baseline, stopped, resumed) of one case, each (status, output, stop-to-exit seconds); the env; the
@@ -103,7 +109,7 @@ def same(a, b, path="") -> list:
 @pytest.mark.parametrize("variant, nproc", CASES)
 def test_a_stop_saves_the_current_step_and_exits_143(tmp, variant, nproc):
     _, (status, output, took), _, _, left = runs(tmp, variant, nproc)
-    assert status == 143, output[-3000:]
+    assert status == 143, explain(output)
     stop = STOPPED_AT.search(output)
     assert stop, output[-3000:]
     k = int(stop[1])
@@ -118,7 +124,8 @@ def test_a_stop_saves_the_current_step_and_exits_143(tmp, variant, nproc):
 @pytest.mark.parametrize("variant, nproc", CASES)
 def test_the_restart_continues_at_the_next_step_with_the_same_losses(tmp, variant, nproc):
     (base_status, base_out, _), (_, stopped_out, _), (status, output, _), *_ = runs(tmp, variant, nproc)
-    assert base_status == 0 and status == 0, output[-3000:]
+    assert base_status == 0, explain(base_out)
+    assert status == 0, explain(output)
     k = int(STOPPED_AT.search(stopped_out)[1])
     assert f"Training starts at step {k + 1}" in ANSI.sub("", output)
     resumed, baseline = losses(output), losses(base_out)
