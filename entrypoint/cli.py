@@ -54,11 +54,11 @@ def say(text, token, stream=None):
     print(f"entrypoint: {contract.redact(text, token)}", file=stream or sys.stderr, flush=True)
 
 
-def checked(resolved, settings, token) -> int:
+def checked(resolved, settings, token, absent) -> int:
     """Preflight: 0 to go on, else 2 after printing the reasons it stops (one line each, nothing else)."""
     from entrypoint import preflight  # the launch path only: --dry-run stays lean
 
-    findings = preflight.run(resolved, settings, os.environ)
+    findings = preflight.run(resolved, settings, os.environ, absent)
     failures = [f.text for f in findings if f.fatal and settings.preflight == "strict"]
     for text in failures:
         say(text, token)
@@ -72,13 +72,14 @@ def checked(resolved, settings, token) -> int:
 def prepare(resolved, settings, token, leases) -> int:
     """Everything between the plan and torchrun; 0 to go on, else the launcher's exit status. A lease taken on
     the checkpoint folder is appended to `leases`, for main to release."""
-    from entrypoint import checkpoints, fetch_assets, lease
+    from entrypoint import checkpoints, fetch_assets, lease, preflight
 
-    code = checked(resolved, settings, token)
+    absent = preflight.missing_assets(resolved, settings)  # decided once: for the checks and for the fetch
+    code = checked(resolved, settings, token, absent)
     if code:
         return code
     weights = settings.init_from == "hub"  # the plan's MODEL's weights too, into the same folder
-    if resolved.assets and fetch_assets.missing(resolved.assets, weights):
+    if absent:
         repo = resolved.model
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (plan.REPO, os.environ.get("PYTHONPATH"))))}
         if token:  # the only process that needs it; a secret made from a file ends in a newline
@@ -127,7 +128,9 @@ def main(argv=None) -> int:
         print(contract.redact(json.dumps(asdict(resolved), indent=2), token))
         return 0
     if args.check:
-        code = checked(resolved, settings, token)
+        from entrypoint import preflight
+
+        code = checked(resolved, settings, token, preflight.missing_assets(resolved, settings))
         say(f"check: {'the launch would start' if not code else 'the launch would stop'}: {resolved.config} on "
             f"{resolved.nproc} {plan.UNIT[resolved.devices.kind]}; {resolved.parallelism['why']}", token, sys.stdout)
         return code

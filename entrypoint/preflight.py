@@ -236,11 +236,13 @@ def writable(plan: Plan, settings: Settings, environ, fetching: bool) -> list:
     return findings
 
 
-def assets(plan: Plan, settings: Settings) -> list:
-    if not plan.assets or not settings.hf_hub_offline:
-        return []
-    absent = fetch_assets.missing(plan.assets, weights=settings.init_from == "hub")
-    if not absent:
+def missing_assets(plan: Plan, settings: Settings) -> list:
+    """What the full-scale assets folder lacks (weights too with INIT_FROM=hub): decided once, by the caller of run."""
+    return fetch_assets.missing(plan.assets, weights=settings.init_from == "hub") if plan.assets else []
+
+
+def assets(plan: Plan, settings: Settings, absent) -> list:
+    if not absent or not settings.hf_hub_offline:
         return []
     repo = plan.model
     return [fail(f"{plan.assets} has no {', '.join(absent)} and HF_HUB_OFFLINE=1 forbids downloading them: "
@@ -351,10 +353,10 @@ def dataset(settings: Settings) -> list:
     return []
 
 
-def run(plan: Plan, settings: Settings, environ) -> list:
-    """Every check, in order; the caller prints them and stops on a fatal one (unless PREFLIGHT=warn)."""
-    fetching = bool(plan.assets) and not settings.hf_hub_offline and bool(
-        fetch_assets.missing(plan.assets, weights=settings.init_from == "hub"))
+def run(plan: Plan, settings: Settings, environ, absent) -> list:
+    """Every check, in order; the caller prints them and stops on a fatal one (unless PREFLIGHT=warn). `absent`:
+    missing_assets(), which the caller also uses to decide the fetch."""
+    fetching = bool(absent) and not settings.hf_hub_offline
     return [*versions(), *runtime(plan), *lnc(plan, settings), *held_cores(plan), *memory(plan),
             *limits(settings.neuron_qwen3_root), *writable(plan, settings, environ, fetching),
-            *assets(plan, settings), *init_from(plan, settings), *export_dir(plan, settings), *dataset(settings)]
+            *assets(plan, settings, absent), *init_from(plan, settings), *export_dir(plan, settings), *dataset(settings)]

@@ -252,12 +252,14 @@ def test_neuron_cache_variables_are_checked_where_the_workers_will_use_them(tmp_
 
 def test_full_scale_assets_missing_while_offline(tmp_path):
     built, settings = build(SCALE="full", ASSETS_DIR=str(tmp_path), HF_HUB_OFFLINE="1")
-    found = preflight.assets(built, settings)
+    found = preflight.assets(built, settings, preflight.missing_assets(built, settings))
     assert len(found) == 1 and found[0].fatal
     assert f"{tmp_path}/Qwen3-4B has no config.json, tokenizer.json, tokenizer_config.json" in found[0].text
     assert "hf download Qwen/Qwen3-4B" in found[0].text
-    assert preflight.assets(*build(SCALE="full", ASSETS_DIR=str(tmp_path))) == []  # online: it will be fetched
-    assert preflight.assets(*build(SCALE="smoke", HF_HUB_OFFLINE="1")) == []  # smoke: bundled
+    online = build(SCALE="full", ASSETS_DIR=str(tmp_path))
+    assert preflight.assets(*online, preflight.missing_assets(*online)) == []  # online: it will be fetched
+    smoke = build(SCALE="smoke", HF_HUB_OFFLINE="1")
+    assert preflight.missing_assets(*smoke) == [] and preflight.assets(*smoke, []) == []  # smoke: bundled
 
 
 # ---- through the launcher
