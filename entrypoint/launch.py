@@ -26,7 +26,6 @@ from entrypoint import progress
 
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # forwarded to every process group of the child
 IGNORED = (signal.SIGUSR1, signal.SIGUSR2)
-DEFAULT_GRACE = 20  # seconds; the contract's STOP_GRACE default
 POLL = 0.1  # seconds between looks at the child
 AFTER_KILL = 5  # seconds to wait for the groups to vanish after SIGKILL before giving up on stragglers
 
@@ -132,7 +131,7 @@ def _reap(child) -> int | None:
             child.returncode = os.waitstatus_to_exitcode(status)
 
 
-def run(argv, env, grace=DEFAULT_GRACE) -> int:
+def run(argv, env, grace) -> int:
     """Run `argv` to its end or to the stop bound; 128 + N without starting it if stop signal N came before."""
     if stopped:
         return stop_status()

@@ -57,7 +57,8 @@ def start(tmp_path, agent_on_term, worker_on_term):
     launcher = subprocess.Popen([sys.executable, "-c", code, str(GRACE), sys.executable, "-c", AGENT, str(tmp_path),
                                  agent_on_term, worker_on_term], cwd=REPO, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while not (tmp_path / "agent.pid").exists():
+    pids = (tmp_path / "agent.pid", tmp_path / "worker.pid")
+    while not all(path.exists() and path.read_text().strip() for path in pids):  # written, not just created
         if time.monotonic() > deadline or launcher.poll() is not None:
             launcher.kill()
             pytest.fail("the agent never started")
@@ -136,7 +137,8 @@ def test_as_pid_1_the_child_status_survives_reaping_orphans(tmp_path, agent_on_t
     pid_1 = None
     try:
         deadline = time.monotonic() + 30
-        while not (tmp_path / "agent.pid").exists():
+        pids = (tmp_path / "agent.pid", tmp_path / "worker.pid")
+        while not all(path.exists() and path.read_text().strip() for path in pids):  # written, not just created
             assert time.monotonic() < deadline and launcher.poll() is None, "the agent never started"
             time.sleep(0.02)
         table = launch.process_table()
@@ -152,7 +154,7 @@ def test_as_pid_1_the_child_status_survives_reaping_orphans(tmp_path, agent_on_t
 def test_a_stop_before_the_launch_starts_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(launch, "stopped", signal.SIGTERM)
     marker = tmp_path / "started"
-    assert launch.run([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], None) == 143
+    assert launch.run([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], None, grace=5) == 143
     assert not marker.exists()
 
 
