@@ -16,10 +16,10 @@
 # to pin it by digest. CI builds on a stand-in (ci/standin/) with BASE_IMAGE=neuron-qwen3-standin:...
 ARG BASE_IMAGE=public.ecr.aws/neuron/pytorch-training-neuronx:2.14.0-neuronx-py314-sdk2.33.0-ubuntu26.04
 # pypi (supported): torchtitan 0.3.0 from requirements.lock. neuron: the aws-neuron/torchtitan-neuron fork at
-# TORCHTITAN_NEURON_REF installed over it (its wheel cannot be fetched in CI: this seam is untested; the
-# config check below fails the build if the recipes do not fit it). README: "TORCHTITAN=neuron".
+# TORCHTITAN_NEURON_REF, a 40-hex commit (a branch is refused), installed over it (its wheel cannot be fetched in
+# CI: this seam is untested; the config check below fails the build if the recipes do not fit it).
 ARG TORCHTITAN=pypi
-ARG TORCHTITAN_NEURON_REF=release-2.33
+ARG TORCHTITAN_NEURON_REF=
 
 # ---- packages: what the image adds on top of the base, in a venv that sees the base's packages ---
 FROM ${BASE_IMAGE} AS packages

@@ -31,7 +31,9 @@ from ci import wheelhouse
 
 NAME = "neuron-qwen3"
 DEFAULT_BASE = "public.ecr.aws/neuron/pytorch-training-neuronx:2.14.0-neuronx-py314-sdk2.33.0-ubuntu26.04"
-DEFAULT_TORCHTITAN_NEURON_REF = "release-2.33"  # UNCONFIRMED: pin a commit once the fork can be fetched
+# The torchtitan-neuron fork is installed only from a pinned commit (a branch moves under a rebuild) or from a wheel
+# file the user supplies; its commit could not be looked up here, so there is no default: --torchtitan-neuron-ref.
+COMMIT = re.compile(r"[0-9a-f]{40}")
 # What the build context holds (the allowlist of .dockerignore; tests/test_image.py checks they agree).
 CONTEXT = ("Dockerfile", ".dockerignore", "requirements.lock", "requirements-torch.lock", "ci/image", ".wheelhouse",
            "entrypoint", "recipes")
@@ -156,6 +158,10 @@ def ensure_base(client, base_image, out):
 
 
 def prepare_wheelhouse(dest, target, torchtitan, neuron_wheel, neuron_ref, out):
+    if torchtitan == "neuron" and not neuron_wheel and not COMMIT.fullmatch(neuron_ref or ""):
+        raise BuildError(f"--torchtitan neuron needs --torchtitan-neuron-ref=<a 40-hex commit of "
+                         f"aws-neuron/torchtitan-neuron> (a pinned build), not {neuron_ref!r}; or "
+                         "--torchtitan-neuron-wheel=<a wheel you built>")
     requirements = wheelhouse.parse_lock(LOCK)
     if not target["triton"]:  # see ci/image/install-packages.sh: torchtitan imports triton
         requirements += [r for r in wheelhouse.parse_lock(TORCH_LOCK) if r.name == "triton"]
@@ -174,7 +180,7 @@ def prepare_wheelhouse(dest, target, torchtitan, neuron_wheel, neuron_ref, out):
                                  f"--torchtitan-neuron-wheel instead):\n{done.stderr[-2000:]}")
 
 
-def build(client, base_image=DEFAULT_BASE, hermetic=True, torchtitan="pypi", neuron_ref=DEFAULT_TORCHTITAN_NEURON_REF,
+def build(client, base_image=DEFAULT_BASE, hermetic=True, torchtitan="pypi", neuron_ref=None,
           neuron_wheel=None, nocache=False, extra_tags=(), tags=None, context=REPO, out=sys.stderr):
     """Build the image on `client` from `context` (the repo, or a copy_context() of it); returns a BuildResult
     whose tags (default: tags_for() the base and the git revision) are all applied."""
@@ -198,7 +204,7 @@ def build(client, base_image=DEFAULT_BASE, hermetic=True, torchtitan="pypi", neu
         "BASE_IMAGE": base_image,
         "PIP_OFFLINE": "1" if hermetic else "0",
         "TORCHTITAN": torchtitan,
-        "TORCHTITAN_NEURON_REF": neuron_ref,
+        "TORCHTITAN_NEURON_REF": neuron_ref or "",
         "VCS_REF": revision,
         "BUILD_DATE": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "TORCHTITAN_VERSION": torchtitan_version,
@@ -223,7 +229,7 @@ def main(argv=None):
     cli.add_argument("--online", action="store_true", help="let pip in the build use the index (no wheelhouse)")
     cli.add_argument("--torchtitan", choices=("pypi", "neuron"), default="pypi",
                      help="pypi: torchtitan 0.3.0 from the lock; neuron: also the torchtitan-neuron fork")
-    cli.add_argument("--torchtitan-neuron-ref", default=DEFAULT_TORCHTITAN_NEURON_REF)
+    cli.add_argument("--torchtitan-neuron-ref", help="the fork's commit (40 hex) for --torchtitan neuron")
     cli.add_argument("--torchtitan-neuron-wheel", help="a wheel of the fork built elsewhere (hermetic builds)")
     cli.add_argument("--tag", action="append", default=[], help="an extra tag (repeatable)")
     cli.add_argument("--no-cache", action="store_true")

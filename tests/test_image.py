@@ -59,6 +59,15 @@ def test_hadolint():
     smoke.hadolint()
 
 
+@pytest.mark.parametrize("ref", ["release-2.33", None, "0123abc"])
+def test_the_torchtitan_neuron_fork_is_installed_only_from_a_pinned_commit(tmp_path, ref):
+    with pytest.raises(build_image.BuildError, match="needs --torchtitan-neuron-ref=<a 40-hex commit"):
+        build_image.prepare_wheelhouse(tmp_path, {}, "neuron", None, ref, None)
+    assert list(tmp_path.iterdir()) == []  # refused before anything was fetched
+    script = (REPO / "ci" / "image" / "install-packages.sh").read_text()
+    assert "grep -Eqx '[0-9a-f]{40}'" in script  # and the online build refuses it too
+
+
 def test_tags_and_base_slug():
     assert build_image.base_slug(build_image.DEFAULT_BASE) == "sdk2.33.0"
     assert build_image.base_slug("neuron-qwen3-standin:torch2.14.1-abc") == "standin"

@@ -47,6 +47,9 @@ if [ "$TORCHTITAN" = neuron ]; then
         source=$(ls /tmp/packages/torchtitan*neuron*.whl 2>/dev/null | head -n 1) || true
         [ -n "$source" ] || { echo "install-packages: TORCHTITAN=neuron but no torchtitan-neuron wheel in .wheelhouse/"; exit 1; }
     else
+        # a pinned commit only: a branch would install whatever it points at on the day of the build
+        echo "$TORCHTITAN_NEURON_REF" | grep -Eqx '[0-9a-f]{40}' || {
+            echo "install-packages: TORCHTITAN_NEURON_REF='$TORCHTITAN_NEURON_REF' is not a 40-hex commit"; exit 1; }
         source="git+https://github.com/aws-neuron/torchtitan-neuron@${TORCHTITAN_NEURON_REF}"
     fi
     pip install --progress-bar off "$@" --no-deps "$source"
