@@ -26,8 +26,11 @@ from conftest import ANSI, REPO, STEP_LOSS, worker_env
 pytestmark = pytest.mark.training
 ZERO_LR = "--optimizer.param-groups.0.optimizer-kwargs.lr 0"
 # Both sides multiply the experts in bf16 (torchtitan's grouped experts always do): what remains is bf16 rounding
-# of the expert outputs in a different order of blocks; measured 6.7e-5 here, the issue's own figure is 1e-4.
-MOE_BOUND = 1e-4
+# of the expert outputs, summed in a different order (256-row blocks here, one expert at a time in transformers).
+# It grows with the reduction width: 6.7e-5 at the old H 128 smoke model (the issue measured 1e-4), 2.1e-4 at
+# H 512, the smallest the NKI kernels take. The bound is 2.5x that; a real mistake (a wrong expert, a lost routing
+# weight, a transposed weight) moves the logits by 1e-1 and more.
+MOE_BOUND = 5e-4
 
 
 @functools.cache
@@ -119,7 +122,7 @@ def chat_rows(count=300):
 def test_nki_moe_is_the_function_transformers_computes(tmp_path):
     from torchtitan.config.override import apply_overrides
 
-    from neuron_qwen3.nki_experts import NKIGroupedExperts
+    from neuron_qwen3.moe.experts import NKIGroupedExperts
 
     reference = save_moe(tmp_path)
     config = moe_config()
