@@ -38,12 +38,16 @@ class Progress:
     @classmethod
     def for_command(cls, argv, stream=None):
         """The progress of a training command (one with `--dump_folder`); None for any other command."""
-        argv = list(argv)
-        if "--dump_folder" not in argv[:-1]:
+        argv, folder = list(argv), None
+        for flag, value in zip(argv, [*argv[1:], None]):  # `--dump_folder X` or `--dump_folder=X`; the last wins
+            if flag == "--dump_folder" and value is not None:
+                folder = value
+            elif flag.startswith("--dump_folder="):
+                folder = flag.split("=", 1)[1]
+        if folder is None:
             return None
         stream = stream or sys.stdout
         interval = TTY_INTERVAL if stream.isatty() else LOG_INTERVAL
-        folder = argv[len(argv) - 1 - argv[::-1].index("--dump_folder") + 1]  # the last one wins, as in argparse
         return cls(os.path.join(folder, "report", "metrics.jsonl"), interval, stream)
 
     def _read(self):

@@ -3,7 +3,8 @@
 import io
 import json
 
-from entrypoint import progress
+from entrypoint import contract, plan, progress
+from entrypoint.discovery import Devices
 
 
 class Clock:
@@ -69,6 +70,16 @@ def test_only_training_commands_get_a_progress_line_and_a_log_is_not_flooded(tmp
     watch = progress.Progress.for_command(["torchrun", "--dump_folder", str(tmp_path)], stream=io.StringIO())
     assert watch.path == str(tmp_path / "report" / "metrics.jsonl")
     assert watch.interval == progress.LOG_INTERVAL  # not a terminal
+
+
+def test_the_plans_own_command_is_watched_where_it_writes(tmp_path):
+    """The plan passes `--dump_folder=/abs` (a path may start with `-`); the last one wins, as in torchtitan."""
+    settings = contract.parse({"SCALE": "smoke", "OUTPUT_DIR": str(tmp_path / "out")})
+    argv = plan.build(settings, Devices("cpu", 2), {"SCALE": "smoke"}).argv
+    watch = progress.Progress.for_command([*argv, "--dump_folder=/elsewhere"], stream=io.StringIO())
+    assert watch.path == "/elsewhere/report/metrics.jsonl"
+    assert progress.Progress.for_command(argv, stream=io.StringIO()).path == str(tmp_path / "out" / "report" /
+                                                                                 "metrics.jsonl")
 
 
 def test_duration():

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from entrypoint.variants import VARIANTS
-from neuron_qwen3 import compare, plots
+from neuron_qwen3 import compare, config_registry, plots
 
 pytestmark = pytest.mark.training
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,7 +61,8 @@ def test_every_variant_leaves_a_report_that_parses(runs, variant):
     assert summary["device"] == {"kind": "cpu", "name": "cpu", "count": 1}
     assert (summary["processes"], summary["nodes"]) == (1, 1)
     assert summary["steady_state"]["steps"] == [3, 4] and summary["warmup"]["steps"] == [1, 2]
-    assert summary["tokens_seen"] == STEPS * 2 * 256  # local batch 2 x sequence 256 per step
+    training = getattr(config_registry, VARIANTS[variant].configs["smoke"])().training
+    assert summary["tokens_seen"] == STEPS * training.local_batch_size * training.seq_len  # one rank
     assert (summary["first_loss"], summary["last_loss"]) == (records[0]["loss"], records[-1]["loss"])
     assert 0 < summary["launch_to_first_step_s"] < summary["wall_s"]
     assert summary["versions"]["torchtitan"] == "0.3.0" and summary["versions"]["torch-neuronx"] is None
