@@ -160,7 +160,7 @@ while True:
 
 
 def run_launcher(*child):
-    code = "import sys; from entrypoint.launch import run; sys.exit(run(sys.argv[1:], None))"
+    code = "import sys; from entrypoint.launch import run; sys.exit(run(sys.argv[1:], None, grace=20))"
     return subprocess.Popen([sys.executable, "-c", code, sys.executable, *child], cwd=REPO)
 
 
