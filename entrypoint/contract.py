@@ -310,6 +310,8 @@ FOREIGN = {
 }
 # Set by schedulers and runtimes, never typed by a user: not checked for near misses.
 ENGINE_PREFIXES = ("SLURM_", "PET_", "KUBERNETES_", "OMPI_", "PMI_", "TORCHELASTIC_", "NVIDIA_")
+# The deploy scripts' own variables, which reach the launcher through srun's environment: not near misses either.
+DEPLOY_NAMES = ("NEURON_QWEN3_HOME",)  # deploy/slurm/train.sbatch: the checkout to run
 
 
 def stray_names(env) -> list:
@@ -321,7 +323,7 @@ def stray_names(env) -> list:
             continue
         if name in FOREIGN:
             lines.append(f"{name} is not read by this launcher: use {FOREIGN[name]}")
-        elif not name.startswith(ENGINE_PREFIXES):
+        elif not name.startswith(ENGINE_PREFIXES) and name not in DEPLOY_NAMES:
             close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
             if close:
                 lines.append(f"{name} is not read by this launcher: did you mean {close[0]}?")
