@@ -45,10 +45,10 @@ compare: venv
 	SCALE=$${SCALE:-smoke} PYTHONPATH=recipes $(PY) -m neuron_qwen3.compare --run $(ARGS)
 
 test: venv
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rsxX
 
 test-fast: venv
-	$(PY) -m pytest -q -rs -m "not image and not training"
+	$(PY) -m pytest -q -rsxX -m "not image and not training"
 
 image: venv
 	$(PY) -m ci.build_image $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) $(ARGS)
