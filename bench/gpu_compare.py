@@ -19,8 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from entrypoint.variants import VARIANTS
+
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = ("v5", "native", "nki_moe")
 
 
 def run(variant: str, compiled: bool, how: str, steps: int, out: Path) -> dict:
