@@ -46,12 +46,27 @@ def test_native_is_torchtitans_qwen3_4b():
     assert spec.model.dim == 2560 and len(spec.model.layers) == 36
 
 
-def test_nki_moe_enables_the_expert_override_at_both_scales():
+def test_nki_moe_enables_the_expert_override_at_every_scale():
     for name in VARIANTS["nki_moe"].configs.values():
-        assert getattr(config_registry, name)().override.imports == [config_registry.NKI_EXPERTS_OVERRIDE]
+        (entry,) = getattr(config_registry, name)().override.imports
+        assert (entry if isinstance(entry, str) else entry[0]) == config_registry.NKI_EXPERTS_OVERRIDE
     assert config_registry.native_moe_qwen3_smoke().override.imports == []
     spec = config_registry.nki_moe_qwen3_30b_a3b().model_spec
     assert (spec.name, spec.flavor) == ("qwen3", "30B-A3B")
+
+
+@pytest.mark.parametrize("accelerator", [False, True])
+def test_the_cpu_bench_computes_the_experts_in_float32_like_the_rest_of_its_model(monkeypatch, accelerator):
+    """bf16 matmuls run ~100x slower than fp32 on this AVX2 CPU, and the experts cast to bf16 by default; with an
+    accelerator the bench keeps torchtitan's bf16 compute."""
+    monkeypatch.setattr(config_registry, "_accelerator", lambda: accelerator)
+    config = config_registry.nki_moe_qwen3_bench()
+    if accelerator:
+        assert config.override.imports == [config_registry.NKI_EXPERTS_OVERRIDE]
+        assert config.training.mixed_precision_param == "bfloat16"
+    else:
+        assert config.override.imports == [(config_registry.NKI_EXPERTS_OVERRIDE, {"compute_dtype": "float32"})]
+        assert config.training.mixed_precision_param == "float32"
 
 
 @pytest.mark.parametrize("name", [v.configs["smoke"] for v in VARIANTS.values()])
