@@ -15,10 +15,12 @@ def _figure(title, ylabel):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
     ax.set_title(title)
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no tick at step 1.5
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     return plt, fig, ax
