@@ -5,39 +5,21 @@ when offline, and the token never printed. No test reaches the network: a stand-
 Run: .venv/bin/python -m pytest tests/test_entrypoint_assets.py -q
 """
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, stand_in
+import fake_hub
+from fake_hub import TOKEN, asked, full_scale, run_launcher
 
-from entrypoint import cli, fetch_assets, launch
-TOKEN = "hf_secret_do_not_print"
-FAKE_HUB = '''
-import os, sys
-
-def snapshot_download(repo_id, local_dir, allow_patterns):
-    token = os.environ.get("HF_TOKEN")
-    print(f"fake hub: {repo_id} with token {token}", file=sys.stderr)  # as a careless library might
-    sys.stderr.write(f"Fetching 3 files: 100%|##########| 3/3 [token={token}]\\r\\n")
-    with open(os.path.join(os.environ["FAKE_HUB_LOG"]), "w") as log:
-        log.write(repr((repo_id, local_dir, sorted(allow_patterns))))
-    if os.environ.get("FAKE_HUB_FAIL"):
-        raise OSError(f"401 Client Error for url https://huggingface.co/{repo_id} (Authorization: Bearer {token})")
-    os.makedirs(local_dir, exist_ok=True)
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        if name not in os.environ.get("FAKE_HUB_SKIP", ""):
-            open(os.path.join(local_dir, name), "w").write("{}")
-    return local_dir
-'''
+from entrypoint import fetch_assets
 
 
 @pytest.fixture
 def hub(tmp_path):
-    """PYTHONPATH and environment that make `import huggingface_hub` load the stand-in."""
-    return stand_in(tmp_path, "huggingface_hub", FAKE_HUB, FAKE_HUB_LOG=str(tmp_path / "hub.log"), HF_TOKEN=TOKEN)
+    """PYTHONPATH and environment that make `import huggingface_hub` load the stand-in (tests/fake_hub.py)."""
+    return fake_hub.env(tmp_path)
 
 
 def fetch(hub, dest, **env):
@@ -57,7 +39,7 @@ def test_fetch_downloads_the_tokenizer_and_config_and_never_prints_the_token(hub
     assert fetch_assets.missing(tmp_path / "Qwen3-4B") == []
     assert TOKEN not in result.stdout + result.stderr
     assert "with token ***" in result.stderr and "100%" in result.stderr  # the progress bar passes through
-    repo, dest, patterns = eval((tmp_path / "hub.log").read_text())
+    [(repo, dest, patterns)] = asked(tmp_path)
     assert (repo, dest) == ("Qwen/Qwen3-4B", str(tmp_path / "Qwen3-4B"))
     assert set(fetch_assets.REQUIRED) <= set(patterns) and not [p for p in patterns if "safetensors" in p]
 
@@ -78,29 +60,6 @@ def test_a_fetch_that_leaves_a_file_out_fails(hub, tmp_path):
     assert result.returncode == 1 and "has no tokenizer.json" in result.stderr
 
 
-def run_launcher(monkeypatch, capsys, env):
-    """cli.main in this process: the fetch child runs for real, torchrun is replaced by a recorder."""
-    monkeypatch.setattr(os, "environ", env)
-    real_run, launched = launch.run, []
-
-    def run(argv, child_env, grace):
-        if "entrypoint.fetch_assets" in argv:
-            return real_run(argv, child_env, grace)
-        launched.append(argv)
-        return 0
-
-    monkeypatch.setattr(launch, "run", run)
-    monkeypatch.setattr(launch, "watch", lambda: None)  # leave pytest's own signal handlers alone
-    code = cli.main([])
-    out, err = capsys.readouterr()
-    return code, out, err, launched
-
-
-def full_scale(hub, tmp_path, **extra):
-    return {**hub, "NEURON_QWEN3_ROOT": str(tmp_path), "SCALE": "full", "ASSETS_DIR": str(tmp_path / "assets"),
-            "CACHE_DIR": str(tmp_path / "cache"), "OUTPUT_DIR": str(tmp_path / "out"), **extra}
-
-
 def test_launcher_fetches_missing_assets_then_launches(hub, tmp_path, monkeypatch, capfd):
     code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path))
     assert code == 0, err
@@ -116,7 +75,7 @@ def test_launcher_skips_the_fetch_when_assets_are_present(hub, tmp_path, monkeyp
         (dest / name).write_text("{}")
     code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path, VARIANT="v5"))
     assert code == 0 and len(launched) == 1, err
-    assert not (tmp_path / "hub.log").exists()  # the Hub was never asked
+    assert asked(tmp_path) == []  # the Hub was never asked
     assert f"assets: {dest} has config.json, tokenizer.json, tokenizer_config.json: not fetching" in out
     assert f"--hf_model={dest}" in launched[0]  # v5 reads config.json from there too
 
@@ -128,5 +87,5 @@ def test_launcher_stops_when_the_fetch_fails(hub, tmp_path, monkeypatch, capfd):
 
 def test_offline_never_fetches(hub, tmp_path, monkeypatch, capfd):
     code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path, HF_HUB_OFFLINE="1"))
-    assert code == 2 and launched == [] and not (tmp_path / "hub.log").exists()
+    assert code == 2 and launched == [] and asked(tmp_path) == []
     assert err.count("\n") == 1 and "HF_HUB_OFFLINE=1 forbids downloading" in err

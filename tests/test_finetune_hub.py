@@ -1,62 +1,29 @@
 """INIT_FROM=hub: the launcher fetches the plan's MODEL with its weights into $ASSETS_DIR/<repo name>, through
 huggingface_hub in a child process, the token never printed, and points torchtitan's initial load at that folder.
 
-No test reaches the network: a stand-in `huggingface_hub` (first on PYTHONPATH) plays the Hub, as in
-tests/test_entrypoint_assets.py, and writes a sharded model (index + two safetensors) when the weights are asked
-for. Resuming a broken download is huggingface_hub's own (`snapshot_download(local_dir=...)`), not proven here.
+No test reaches the network: the stand-in `huggingface_hub` of tests/fake_hub.py plays the Hub and writes a
+sharded model (index + two safetensors) when the weights are asked for. Resuming a broken download is
+huggingface_hub's own (`snapshot_download(local_dir=...)`), not proven here.
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import stand_in
-from test_entrypoint_assets import full_scale, run_launcher
+import fake_hub
+from fake_hub import TOKEN, asked, full_scale, run_launcher
 
 from entrypoint import fetch_assets
 
-TOKEN = "hf_secret_do_not_print"
 MODEL = "Qwen/Qwen3-0.6B"  # any dense MODEL but native's default, so the plan's model is the one fetched
-FAKE_HUB = '''
-import fnmatch, json, os, sys, types
-
-SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-
-class HfApi:
-    def model_info(self, repo_id, files_metadata=False):
-        size = int(os.environ.get("FAKE_HUB_SHARD_BYTES", "1000"))
-        return types.SimpleNamespace(siblings=[types.SimpleNamespace(rfilename=n, size=size) for n in SHARDS])
-
-def snapshot_download(repo_id, local_dir, allow_patterns):
-    print(f"fake hub: {repo_id} with token {os.environ.get('HF_TOKEN')}", file=sys.stderr)
-    sys.stderr.write("Fetching 6 files: 100%|##########| 6/6\\r\\n")
-    with open(os.environ["FAKE_HUB_LOG"], "a") as log:
-        log.write(json.dumps([repo_id, local_dir, sorted(allow_patterns)]) + "\\n")
-    files = {name: "{}" for name in ("config.json", "tokenizer.json", "tokenizer_config.json")}
-    files["model.safetensors.index.json"] = json.dumps({"weight_map": {"a": SHARDS[0], "b": SHARDS[1]}})
-    skip = os.environ.get("FAKE_HUB_SKIP")
-    files.update({name: "" for name in SHARDS if not (skip and skip in name)})
-    os.makedirs(local_dir, exist_ok=True)
-    for name, text in files.items():
-        if any(fnmatch.fnmatch(name, pattern) for pattern in allow_patterns):
-            open(os.path.join(local_dir, name), "w").write(text)
-    return local_dir
-'''
 
 
 @pytest.fixture
 def hub(tmp_path):
-    return stand_in(tmp_path, "huggingface_hub", FAKE_HUB, FAKE_HUB_LOG=str(tmp_path / "hub.log"), HF_TOKEN=TOKEN)
-
-
-def asked(tmp_path) -> list:
-    """Each snapshot_download call: [repo, local_dir, allow_patterns]."""
-    log = tmp_path / "hub.log"
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return fake_hub.env(tmp_path)
 
 
 def test_missing_weights_count_only_when_asked(tmp_path):
