@@ -56,14 +56,20 @@ def start(tmp_path, agent_on_term, worker_on_term):
     code = "import sys; from entrypoint.launch import run; sys.exit(run(sys.argv[2:], None, int(sys.argv[1])))"
     launcher = subprocess.Popen([sys.executable, "-c", code, str(GRACE), sys.executable, "-c", AGENT, str(tmp_path),
                                  agent_on_term, worker_on_term], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    agent, worker = wait_for_agent(tmp_path, launcher)
+    return launcher, agent, worker
+
+
+def wait_for_agent(tmp_path, launcher) -> tuple[int, int]:
+    """The agent's and worker's pids once both pid files are written (not just created); fails if it never starts."""
     deadline = time.monotonic() + 30
     pids = (tmp_path / "agent.pid", tmp_path / "worker.pid")
-    while not all(path.exists() and path.read_text().strip() for path in pids):  # written, not just created
+    while not all(path.exists() and path.read_text().strip() for path in pids):
         if time.monotonic() > deadline or launcher.poll() is not None:
             launcher.kill()
             pytest.fail("the agent never started")
         time.sleep(0.02)
-    return launcher, int((tmp_path / "agent.pid").read_text()), int((tmp_path / "worker.pid").read_text())
+    return tuple(int(path.read_text()) for path in pids)
 
 
 def kill(*pids):
@@ -136,11 +142,7 @@ def test_as_pid_1_the_child_status_survives_reaping_orphans(tmp_path, agent_on_t
                                 cwd=REPO, stderr=subprocess.PIPE, text=True)
     pid_1 = None
     try:
-        deadline = time.monotonic() + 30
-        pids = (tmp_path / "agent.pid", tmp_path / "worker.pid")
-        while not all(path.exists() and path.read_text().strip() for path in pids):  # written, not just created
-            assert time.monotonic() < deadline and launcher.poll() is None, "the agent never started"
-            time.sleep(0.02)
+        wait_for_agent(tmp_path, launcher)
         table = launch.process_table()
         pid_1 = next(pid for pid, (ppid, _, _) in table.items() if ppid == launcher.pid)  # seen from outside
         started = time.monotonic()
