@@ -21,6 +21,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from entrypoint import names
+
 REPO = Path(__file__).resolve().parent.parent
 DRY_RUN_GOAL_S = 0.15
 THROUGHPUT_GOAL = 0.97
@@ -50,7 +52,7 @@ def timed_training(argv, env) -> tuple[float, float]:
     first_step_s, stamps = None, {}
     with subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
         for line in p.stdout:
-            match = STEP_LINE.search(re.sub(r"\x1b\[[0-9;]*m", "", line))
+            match = STEP_LINE.search(re.sub(names.COLOUR, "", line))
             if match:
                 first_step_s = first_step_s or time.perf_counter() - start
                 stamps[int(match.group(2))] = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")

@@ -19,8 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from entrypoint import names
+
 REPO = Path(__file__).resolve().parent.parent
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
+ANSI = re.compile(names.COLOUR)
 STEP = re.compile(r"step:\s*(\d+)\s")
 STOP = re.compile(r"stop: SIGTERM at step (\d+): saved step-\d+ \(([\d.]+) s; ([\d.]+) s since the signal; (.*)\); "
                   r"exiting 143")

@@ -31,7 +31,7 @@ STEPS = os.environ.get("NQ_SMOKE_STEPS", "4")
 NEURON_DEVICES = 4  # x 4 logical cores per trn2 device at LNC 2 = 16 processes
 SIZE_BUDGET = 1.5e9  # bytes the image may add on top of its base
 HADOLINT_FILES = ("Dockerfile", "ci/standin/Dockerfile")
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
+ANSI = re.compile(names.COLOUR)
 LOSS = re.compile(names.LOSS_LINE)
 
 

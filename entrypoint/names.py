@@ -20,3 +20,4 @@ def moe_kernel(raw: str) -> str:
     return raw
 
 LOSS_LINE = r"step:\s*(\d+)\s+loss:\s*(\S+)"  # torchtitan's metrics line, as the launcher's children print it
+COLOUR = r"\x1b\[[0-9;]*m"  # the terminal colour codes torchtitan puts in that line: strip them before matching

@@ -31,7 +31,7 @@ def run_scenario(name: str, *args: str, nproc: int = 1, timeout: int = 300) -> s
     return subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torchtitan colours its log lines
+ANSI = re.compile(names.COLOUR)  # torchtitan colours its log lines
 STEP_LOSS = re.compile(names.LOSS_LINE)  # `step: N  loss: X`, the one pattern the launcher and tests read
 
 

@@ -145,7 +145,7 @@ def check_kernels(lnc: str) -> str:
 
 
 def losses(output: str) -> dict[int, float]:
-    return {int(step): float(loss) for step, loss in re.findall(names.LOSS_LINE, re.sub(r"\x1b\[[0-9;]*m", "", output))}
+    return {int(step): float(loss) for step, loss in re.findall(names.LOSS_LINE, re.sub(names.COLOUR, "", output))}
 
 
 def native_verdict(returncode: int, output: str, steps: int) -> str:
