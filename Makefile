@@ -22,6 +22,9 @@ STAMP := $(VENV)/.locks-installed
 WHEELS := build/wheels
 # Installed together into .venv; the image installs requirements.lock alone on top of its base.
 LOCKS := requirements-torch.lock requirements.lock requirements-dev.lock
+# What a first `make venv` writes (README, "Two commands"): checked before it downloads, so a full disk fails
+# in one line instead of halfway through the install.
+VENV_DISK_GB ?= 11
 
 .PHONY: venv train compare test test-fast lock lock-check image lint smoke clean
 
@@ -29,6 +32,9 @@ venv: $(STAMP)
 
 $(STAMP): $(LOCKS)
 	@$(PYTHON) -c 'import sys; sys.exit(None if sys.version_info >= (3, 11) else "make venv needs PYTHON >= 3.11, got " + sys.version.split()[0])'
+	@test -d $(VENV) || $(PYTHON) -c 'import shutil, sys; free = shutil.disk_usage(".").free / 1e9; \
+		need = f"make venv needs about $(VENV_DISK_GB) GB free in {sys.argv[1]} for $(VENV) and $(WHEELS)"; \
+		sys.exit(None if free >= $(VENV_DISK_GB) else f"{need}, {free:.1f} GB are free")' "$$PWD"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip download --disable-pip-version-check --quiet --no-deps --require-hashes -d $(WHEELS) \
 		$(addprefix -r ,$(LOCKS))
