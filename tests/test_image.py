@@ -8,6 +8,7 @@ Run: .venv/bin/python -m pytest tests/test_image.py -q -rs      (or `make smoke`
 """
 
 import re
+import shutil
 import time
 
 import pytest
@@ -74,6 +75,26 @@ def test_tags_and_base_slug():
     tag = build_image.tags_for(build_image.DEFAULT_BASE, "0123456789abcdef0123-dirty")[0]
     assert re.fullmatch(r"neuron-qwen3:tt0\.3\.0-tf5\.16\.0-sdk2\.33\.0-0123456789ab-dirty", tag), tag
     assert len(tag.split(":", 1)[1]) <= 128
+
+
+class EngineAt:
+    """What check_room asks of a docker client: where the engine keeps its data."""
+
+    def __init__(self, root):
+        self.root = str(root)
+
+    def info(self):
+        return {"DockerRootDir": self.root}
+
+
+def test_the_stand_in_is_not_built_on_a_disk_without_room_for_it(tmp_path):
+    need = int(shutil.disk_usage(tmp_path).free / 1e9) + 1000
+    with pytest.raises(RuntimeError) as refused:
+        standin.check_room(EngineAt(tmp_path), need)
+    assert re.fullmatch(rf"building the stand-in base needs about {need} GB free in {re.escape(str(tmp_path))} "
+                        r"\(the engine's data root\), \d+\.\d GB are free", str(refused.value)), refused.value
+    standin.check_room(EngineAt(tmp_path), 0)  # room enough
+    standin.check_room(EngineAt(tmp_path / "on-another-host"), need)  # a remote engine's disk is not checked
 
 
 # ---- the engine, the stand-in and the image: built once for this module ---------------------------
