@@ -56,3 +56,11 @@ def test_the_production_command_parses_and_its_variables_pass_the_contract():
     assert "--shm-size=64g" in words and "nofile=65536:65536" in words
     uid = re.search(r"^ARG APP_UID=(\d+)$", (REPO / "Dockerfile").read_text(), re.M)[1]  # the image's user
     assert "/mnt/neuron-qwen3:/data" in words and f"chown {uid}:{uid} /mnt/neuron-qwen3" in block
+
+
+def test_the_disk_figures_are_the_checks_make_venv_and_the_image_job_make():
+    from ci import standin
+
+    venv_gb = re.search(r"^VENV_DISK_GB \?= (\d+)$", (REPO / "Makefile").read_text(), re.M)[1]
+    assert f"refuses to start with less than {venv_gb} GB free" in README
+    assert f"checks for {standin.BUILD_DISK_GB} GB first" in README
