@@ -1,7 +1,8 @@
 # neuron-qwen3: every target is thin and calls one script or one command.
 #
-#   make venv       .venv from the three hashed locks (idempotent: re-runs only when a lock changes); their
-#                   wheels stay in build/wheels, so the image job needs no package index
+#   make venv       .venv from the three hashed locks, then this project (entrypoint + recipes) installed
+#                   editable (idempotent: re-runs only when a lock changes); the wheels stay in build/wheels,
+#                   so the image job needs no package index
 #   make train      the launcher at smoke scale on this host (VARIANT=native|v5|nki_moe, STEPS=N, DEVICE=cpu)
 #   make compare    the three variants alike (SCALE=smoke|bench, STEPS, COMPILE...), one table, one loss plot
 #   make test       the whole test suite, the image smoke job included (what CI runs)
@@ -30,7 +31,7 @@ VENV_DISK_GB ?= 11
 
 venv: $(STAMP)
 
-$(STAMP): $(LOCKS)
+$(STAMP): $(LOCKS) pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(None if sys.version_info >= (3, 11) else "make venv needs PYTHON >= 3.11, got " + sys.version.split()[0])'
 	@test -d $(VENV) || $(PYTHON) -c 'import shutil, sys; free = shutil.disk_usage(".").free / 1e9; \
 		need = f"make venv needs about $(VENV_DISK_GB) GB free in {sys.argv[1]} for $(VENV) and $(WHEELS)"; \
@@ -40,6 +41,7 @@ $(STAMP): $(LOCKS)
 		$(addprefix -r ,$(LOCKS))
 	$(PY) -m pip install --disable-pip-version-check --no-index --find-links $(WHEELS) --require-hashes \
 		$(addprefix -r ,$(LOCKS))
+	$(PY) -m pip install --disable-pip-version-check --quiet --no-index --no-deps --no-build-isolation -e .
 	touch $@
 
 # The host venv has no torch-neuronx (the locks never pin Neuron packages), so on a Neuron host the smoke job
@@ -48,7 +50,7 @@ train: venv
 	SCALE=$${SCALE:-smoke} DEVICE=$${DEVICE:-$$(test -e /dev/neuron0 && echo cpu || echo auto)} $(PY) -m entrypoint
 
 compare: venv
-	SCALE=$${SCALE:-smoke} PYTHONPATH=recipes $(PY) -m neuron_qwen3.compare --run $(ARGS)
+	SCALE=$${SCALE:-smoke} $(PY) -m bench.compare --run $(ARGS)
 
 test: venv
 	$(PY) -m pytest -q -rsxX

@@ -21,7 +21,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from entrypoint import names
+from entrypoint import selftest as names  # the log patterns: LOSS_LINE, COLOUR
 
 REPO = Path(__file__).resolve().parent.parent
 DRY_RUN_GOAL_S = 0.15

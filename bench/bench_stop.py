@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from entrypoint import names
+from entrypoint import selftest as names  # the log patterns: LOSS_LINE, COLOUR
 
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(names.COLOUR)

@@ -1,21 +1,20 @@
-"""Preflight: each check alone on made-up inputs, then through `python -m entrypoint` (one line, exit 2).
+"""Preflight's stdlib checks: each alone on made-up inputs, then through `python -m entrypoint` (one line, exit 2).
 
-Run: .venv/bin/python -m pytest tests/test_entrypoint_preflight.py -q
+The checks that need the real libraries (flags, INIT_FROM, the dataset, checkpoints) are the recipes' pre-launch
+pass: tests/test_preflight_pass.py. Run: .venv/bin/python -m pytest tests/test_entrypoint_preflight.py -q
 """
 
 import importlib.metadata
 import os
 import resource
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import REPO, launcher_at
 from entrypoint import cli, contract, launch, plan, preflight
 from entrypoint.discovery import Devices
 
-REPO = Path(__file__).resolve().parent.parent
 NEURON = Devices("neuron", 64, tuple(f"neuron{i}" for i in range(16)), 2)
 CPU = Devices("cpu", 2)
 
@@ -26,9 +25,9 @@ def build(devices=CPU, **env):
     return plan.build(contract.parse(env), devices, env), contract.parse(env)
 
 
-def entrypoint(*args, **env):
-    return subprocess.run([sys.executable, "-m", "entrypoint", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={"PATH": os.environ["PATH"], **env})
+def entrypoint(root, *args, **env):
+    return subprocess.run(launcher_at(root, *args), cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={"PATH": os.environ["PATH"], **env})
 
 
 # ---- versions against the locks
@@ -186,12 +185,19 @@ def test_low_limits_are_warnings(tmp_path):
     root = shm_root(tmp_path)
     (root / "dev" / "infiniband").mkdir()
     (root / "dev" / "infiniband" / "uverbs0").touch()
-    found = preflight.limits(str(root), getrlimit=lambda which: (4096, 4096) if which == resource.RLIMIT_NOFILE
+    found = preflight.limits(str(root), 64, getrlimit=lambda which: (4096, 4096) if which == resource.RLIMIT_NOFILE
                              else (64 << 10, 64 << 10), setrlimit=lambda *a: None)
     texts = [f.text for f in found]
     assert not any(f.fatal for f in found)
     assert any("nofile) is 4096, below 65536" in t for t in texts)
     assert any("EFA devices are present" in t and "64 KiB" in t for t in texts)
+
+
+def test_a_low_nofile_cannot_matter_to_a_few_processes_and_stays_quiet(tmp_path):
+    found = preflight.limits(str(shm_root(tmp_path)), 2, setrlimit=lambda *a: None,
+                             getrlimit=lambda which: (4096, 4096) if which == resource.RLIMIT_NOFILE
+                             else (resource.RLIM_INFINITY,) * 2)
+    assert found == []
 
 
 def test_shm_size(tmp_path, monkeypatch):
@@ -266,7 +272,7 @@ def test_full_scale_assets_missing_while_offline(tmp_path):
 
 
 def test_offline_full_scale_without_assets_is_one_line_and_status_2(tmp_path):
-    result = entrypoint(NEURON_QWEN3_ROOT=str(tmp_path), SCALE="full", HF_HUB_OFFLINE="1",
+    result = entrypoint(tmp_path, SCALE="full", HF_HUB_OFFLINE="1",
                         ASSETS_DIR=str(tmp_path / "assets"), CACHE_DIR=str(tmp_path / "c"),
                         OUTPUT_DIR=str(tmp_path / "o"))
     assert (result.returncode, result.stdout, result.stderr.count("\n")) == (2, "", 1), result.stderr
@@ -275,7 +281,7 @@ def test_offline_full_scale_without_assets_is_one_line_and_status_2(tmp_path):
 
 def test_unwritable_cache_is_one_line_and_status_2(tmp_path):
     (tmp_path / "a-file").write_text("")
-    result = entrypoint(NEURON_QWEN3_ROOT=str(tmp_path), SCALE="smoke", CACHE_DIR=str(tmp_path / "a-file"),
+    result = entrypoint(tmp_path, SCALE="smoke", CACHE_DIR=str(tmp_path / "a-file"),
                         OUTPUT_DIR=str(tmp_path / "o"))
     assert (result.returncode, result.stdout, result.stderr.count("\n")) == (2, "", 1), result.stderr
     assert "(TORCHINDUCTOR_CACHE_DIR) is below" in result.stderr and "which is a file" in result.stderr
@@ -283,11 +289,12 @@ def test_unwritable_cache_is_one_line_and_status_2(tmp_path):
 
 def test_warn_mode_prints_the_failure_and_launches(tmp_path, monkeypatch, capsys):
     (tmp_path / "a-file").write_text("")
-    monkeypatch.setattr(os, "environ", {"NEURON_QWEN3_ROOT": str(tmp_path), "SCALE": "smoke", "PREFLIGHT": "warn",
-                                        "CACHE_DIR": str(tmp_path / "a-file"), "OUTPUT_DIR": str(tmp_path / "o")})
+    environ = {"PATH": os.environ["PATH"], "SCALE": "smoke", "PREFLIGHT": "warn",
+               "CACHE_DIR": str(tmp_path / "a-file"), "OUTPUT_DIR": str(tmp_path / "o")}
     launched = []
     monkeypatch.setattr(launch, "run", lambda argv, env, grace: launched.append(argv) or 0)
-    assert cli.main([]) == 0
+    assert cli.main([], environ, root=str(tmp_path)) == 0
     out, err = capsys.readouterr()
     assert "entrypoint: warning: " in err and "(TORCHINDUCTOR_CACHE_DIR) is below" in err
+    assert "pre-launch pass failed" not in err
     assert len(launched) == 1 and "torch.distributed.run" in out

@@ -83,7 +83,7 @@ def save_dense(folder):
 
     from neuron_qwen3 import config_registry
 
-    shape = json.loads((config_registry.SMOKE_HF_MODEL / "config.json").read_text())
+    shape = json.loads((config_registry.HF_MODEL["smoke"] / "config.json").read_text())
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shape))
     model.save_pretrained(folder)

@@ -13,7 +13,8 @@ import time
 import pytest
 
 from entrypoint.variants import VARIANTS
-from neuron_qwen3 import compare, config_registry, plots
+from bench import compare
+from neuron_qwen3 import config_registry, plots
 
 pytestmark = pytest.mark.training
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from conftest import ANSI, REPO, STEP_LOSS, worker_env
 
-from entrypoint import checkpoints
+from neuron_qwen3 import checkpoints
 
 pytestmark = pytest.mark.training
 

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import statistics
-import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -24,13 +23,13 @@ from pathlib import Path
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, _get_metrics_rank
 from torchtitan.tools import utils
 
-from neuron_qwen3 import flops
+from neuron_qwen3 import devices, flops, shapes
 from neuron_qwen3.plots import plot_loss, plot_throughput
 
 FOLDER = "report"
 WARMUP_STEPS = 2  # steps left out of the steady state: the first builds the graphs (and compiles, COMPILE=1)
-VERSIONED = ("torch", "torchtitan", "transformers", "torch-neuronx")
-IMAGE_REVISION = "NEURON_QWEN3_IMAGE_REVISION"  # set in the image from its revision label
+# The image installs neuron-qwen3 with its git revision as the local version label (0.4.0+<revision>).
+VERSIONED = ("neuron-qwen3", "torch", "torchtitan", "transformers", "torch-neuronx")
 
 _stop = {"reason": None}  # set by mark_stopped: the signal or request that stopped this process
 
@@ -91,15 +90,15 @@ class RunReport:
     def __init__(self, trainer, logger: ReportLogger | None, peak: flops.Peak, shape: flops.Shape):
         self.trainer, self.logger, self.peak, self.shape = trainer, logger, peak, shape
         self.folder = Path(trainer.config.dump_folder) / FOLDER
-        self.launched = launch_time()
+        self.launched = trainer.config.report.launched_at or launch_time()
 
     @classmethod
     def attach(cls, trainer) -> "RunReport":
         config, metrics = trainer.config, trainer.metrics_processor
-        shape = flops.shape_of(trainer.model_config)
+        shape = shapes.of_model_config(trainer.model_config)
         metrics.num_flops_per_token = flops.per_token(shape, config.training.seq_len)
-        lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
-        peak = flops.peak(utils.device_type, metrics.device_memory_monitor.device_name, lnc)
+        peak = flops.peak(utils.device_type, metrics.device_memory_monitor.device_name,
+                          config.neuron.logical_nc_config)
         if peak.flops is None:
             metrics.has_quantization = True  # upstream's one switch for "no MFU" (MetricsProcessor.log)
         else:
@@ -152,8 +151,6 @@ class RunReport:
     def summary(self, records: list, end: str, detail: str | None) -> dict:
         trainer, config = self.trainer, self.trainer.config
         dims = trainer.parallel_dims
-        name = _config_name()
-        variant, scale = _variant_of(name)
         now = time.time()
         steady = [r for r in records if r["step"] > WARMUP_STEPS] or records[1:] or records
         warmup = [r for r in records if r not in steady]
@@ -162,12 +159,13 @@ class RunReport:
         warmup_s = sum(r["step_time_s"] for r in warmup)
         first_step_end = records[0]["time"] if records else None
         return {
-            "variant": variant, "scale": scale, "config": name,
+            "variant": config.report.variant or None, "scale": config.report.scale or None,
+            "config": config.report.config or None, "model": config.report.model or None,
             "compile": config.compile.enable,
             "device": {"kind": utils.device_type, "name": trainer.metrics_processor.device_memory_monitor.device_name,
                        "count": dims.world_size},
             "processes": dims.world_size,
-            "nodes": max(1, dims.world_size // int(os.environ.get("LOCAL_WORLD_SIZE", dims.world_size))),
+            "nodes": max(1, dims.world_size // devices.processes_per_node(dims.world_size)),
             "batch": {"local": config.training.local_batch_size, "seq_len": config.training.seq_len},
             "steps": {"done": trainer.step, "planned": config.training.steps},
             "end": end, "end_detail": detail,
@@ -206,22 +204,6 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _config_name() -> str | None:
-    argv = sys.argv
-    return argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
-
-
-def _variant_of(config_name):
-    """(variant, scale) whose config this is, from the launcher's variant table; (None, None) for others."""
-    from entrypoint.variants import VARIANTS
-
-    for variant in VARIANTS.values():
-        for scale, name in variant.configs.items():
-            if name == config_name:
-                return variant.name, scale
-    return None, None
-
-
 def versions() -> dict:
     found = {}
     for name in VERSIONED:
@@ -229,12 +211,11 @@ def versions() -> dict:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             found[name] = None
-    found["image_revision"] = os.environ.get(IMAGE_REVISION)
     return found
 
 
 def launch_time(proc="/proc") -> float:
-    """When this run was launched: the start of the outermost launcher or torchrun above this process.
+    """When torchrun above this process started (`--report.launched_at`, which the launcher sets, is earlier).
 
     From /proc (Linux): each ancestor's start time in clock ticks since boot. Without one, this process's start.
     """
@@ -247,8 +228,7 @@ def launch_time(proc="/proc") -> float:
                 fields = f.read().rsplit(")", 1)[1].split()
             cmdline = open(f"{proc}/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
             started = boot + int(fields[19]) / tick
-            if earliest is None or any(word in cmdline for word in (b"torch.distributed.run", b"torchrun",
-                                                                    b"-m entrypoint")):
+            if earliest is None or any(word in cmdline for word in (b"torch.distributed.run", b"torchrun")):
                 earliest = started
             pid = int(fields[1])
         return earliest
