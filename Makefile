@@ -7,6 +7,7 @@
 #   make compare    the three variants alike (SCALE=smoke|bench, STEPS, COMPILE...), one table, one loss plot
 #   make test       the whole test suite, the image smoke job included (what CI runs)
 #   make test-fast  everything but the slow groups (markers `image` and `training`, pyproject.toml)
+#   make docs       the variable and variant tables of README.md and docs/production.md, from the code
 #   make lock       regenerate requirements*.lock from requirements*.in (needs the package index)
 #   make lock-check would `make lock` give the same locks today? (needs the index; not part of `make test`)
 #   make image   build the image through the docker SDK (ci/build_image.py): BASE_IMAGE=..., ARGS="--help"
@@ -27,7 +28,7 @@ LOCKS := requirements-torch.lock requirements.lock requirements-dev.lock
 # in one line instead of halfway through the install.
 VENV_DISK_GB ?= 11
 
-.PHONY: venv train compare test test-fast lock lock-check image lint smoke clean
+.PHONY: venv train compare test test-fast docs lock lock-check image lint smoke clean
 
 venv: $(STAMP)
 
@@ -57,6 +58,9 @@ test: venv
 
 test-fast: venv
 	$(PY) -m pytest -q -rsxX -m "not image and not training"
+
+docs: venv
+	$(PY) -m ci.docs
 
 image: venv
 	$(PY) -m ci.build_image $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) $(ARGS)

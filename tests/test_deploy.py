@@ -225,12 +225,3 @@ def test_sbatch_without_image_gives_the_launcher_a_slurm_rendezvous(srun, tmp_pa
     assert (shown["rendezvous"]["nnodes"], shown["rendezvous"]["node_rank"]) == (2, 1)
     assert shown["checkpoint_dir"] == f"{tmp_path}/fsx/outputs/qwen3-4242/checkpoint"  # the job's own folder
     assert "--max-restarts=1" in shown["argv"] and "is_host=false" in shown["argv"]
-
-
-# ---- the docs -----------------------------------------------------------------------------------
-
-
-def test_production_docs_cover_every_variable_the_readme_does_not():
-    doc = (REPO / "docs" / "production.md").read_text()
-    missing = [name for name, var in VARS.items() if var.group not in contract.README_GROUPS and f"| `{name}` |" not in doc]
-    assert missing == [], "docs/production.md lacks " + ", ".join(missing)
