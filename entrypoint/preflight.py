@@ -1,14 +1,13 @@
 """Checks run after the plan is made and before torchrun starts: one line each.
 
 The checks here are stdlib only (torch is never imported); the ones that need a file format or the config itself
-(flags, INIT_FROM, the dataset's records, the checkpoints, the export's room) run in one child interpreter with the
-real libraries, the recipes' pre-launch pass (`recipes_pass`, neuron_qwen3/preflight.py), whose findings come back
+(the installed versions against the locks, flags, INIT_FROM, the dataset's records, the checkpoints, the export's
+room) run in one child interpreter with the real libraries, the recipes' pre-launch pass (`recipes_pass`, neuron_qwen3/preflight.py), whose findings come back
 as lines. A failure stops the launch with exit status 2 (PREFLIGHT=warn turns failures into warnings); a warning
 is printed and the launch goes on. Each check is one function returning findings, so tests call them one by one.
 
 | check | failure | warning |
 |---|---|---|
-| versions | torch, torch-neuronx, transformers or torchtitan off image-build.lock, else the locks | a lock is missing |
 | runtime | Neuron devices, no torch_neuronx | |
 | lnc | NEURON_CC_FLAGS `--lnc` differs from NEURON_LOGICAL_NC_CONFIG | |
 | held cores | `neuron-ls -j` shows another process on a device this run uses | |
@@ -18,11 +17,9 @@ is printed and the launch goes on. Each check is one function returning findings
 | dataset | a Hub id while offline | |
 """
 
-import importlib.metadata
 import importlib.util
 import json
 import os
-import re
 import resource
 import subprocess
 import sys
@@ -36,12 +33,8 @@ from entrypoint.plan import CACHE_VARS as CACHE_VARS_BY_KIND
 from entrypoint.plan import Plan
 from entrypoint.variants import RECIPE_MODULE
 
-REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the locks; in the image, image-build.lock
+REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the locks; in the image, image-build.lock too
 
-CHECKED = ("torch", "torch-neuronx", "transformers", "torchtitan")
-IMAGE_BUILD = "image-build.lock"  # written by the image build (ci/image/record-build.py); only in the image
-IMAGE_LOCK = "requirements.lock"  # what the image installs on top of the Neuron DLC
-HOST_LOCK = "requirements-torch.lock"  # the torch of hosts without the DLC (dev machines, CI, the stand-in base)
 SHM_MIN_BYTES = 1 << 30
 NOFILE_MIN = 65536
 MANY_PROCESSES = 16  # below it, the 65536 open files that 64 ranks need cannot matter
@@ -49,7 +42,6 @@ MANY_PROCESSES = 16  # below it, the 65536 open files that 64 ranks need cannot 
 NEURON_GIB_PER_CORE = {1: 12, 2: 24}
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 CACHE_VARS = sorted({name for per_kind in CACHE_VARS_BY_KIND.values() for name in per_kind})
-PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
 
 @dataclass(frozen=True)
@@ -64,70 +56,6 @@ def fail(text):
 
 def warn(text):
     return Finding(False, text)
-
-
-def _name(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def pins(path) -> dict:
-    """{normalised name: {versions}} of the `name==version` lines of a pip lock (several when markers differ)."""
-    found = {}
-    with open(path) as f:
-        for line in f:
-            match = PIN.match(line)
-            if match:
-                found.setdefault(_name(match[1]), set()).add(match[2])
-    return found
-
-
-def _same(installed, pinned):
-    """pip's `==` rule: a pin without a local label (+cpu) accepts any local label."""
-    return installed == pinned or ("+" not in pinned and installed.split("+")[0] == pinned)
-
-
-def built_with(lock_dir=REPO) -> str | None:
-    """The TORCHTITAN build arg the image was built with (its label, recorded in IMAGE_BUILD); None outside an image."""
-    try:
-        with open(os.path.join(lock_dir, IMAGE_BUILD)) as f:
-            return next((line.split("=", 1)[1].strip() for line in f if line.startswith("# TORCHTITAN=")), None)
-    except FileNotFoundError:
-        return None
-
-
-def versions(lock_dir=REPO, version=importlib.metadata.version, neuron_dlc=None) -> list:
-    """The installed versions of CHECKED against what the image was built with, else against the locks.
-
-    In the image, IMAGE_BUILD records the base's torch and torch-neuronx (no lock pins them: they come with the DLC)
-    and the torchtitan of its TORCHTITAN build arg (the fork replaces the lock's 0.3.0); its versions come first.
-    requirements-torch.lock pins the torch of hosts without the Neuron DLC, so it is not read where torch_neuronx
-    is installed. A missing lock is a warning and skips its pins; IMAGE_BUILD exists only in the image."""
-    if neuron_dlc is None:
-        neuron_dlc = importlib.util.find_spec("torch_neuronx") is not None
-    findings, pinned = [], {}
-    label = built_with(lock_dir)
-    for lock in (IMAGE_BUILD, IMAGE_LOCK) if neuron_dlc else (IMAGE_BUILD, IMAGE_LOCK, HOST_LOCK):
-        path = os.path.join(lock_dir, lock)
-        try:
-            for name, found in pins(path).items():
-                pinned.setdefault(name, (lock, found))
-        except FileNotFoundError:
-            if lock != IMAGE_BUILD:
-                findings.append(warn(f"no {path}: installed package versions not checked against it"))
-    for name in CHECKED:
-        if name not in pinned:
-            continue
-        lock, wanted = pinned[name]
-        source = f"{lock} (this image was built with TORCHTITAN={label})" if lock == IMAGE_BUILD else lock
-        try:
-            have = version(name)
-        except importlib.metadata.PackageNotFoundError:
-            findings.append(fail(f"{name} is not installed but {source} pins {' or '.join(sorted(wanted))}"))
-            continue
-        if not any(_same(have, pin) for pin in wanted):
-            findings.append(fail(f"{name} {have} is installed but {source} pins {' or '.join(sorted(wanted))}: "
-                                 "rebuild the image (or `make venv`), or PREFLIGHT=warn to run anyway"))
-    return findings
 
 
 def runtime(plan: Plan, find_spec=importlib.util.find_spec) -> list:
@@ -276,7 +204,7 @@ def run(plan: Plan, settings: Settings, environ, absent, root="/") -> list:
     """Every stdlib check, in order; the caller prints them and stops on a fatal one (unless PREFLIGHT=warn).
     `absent`: missing_assets(), which the caller also uses to decide the fetch."""
     fetching = bool(absent) and not settings.hf_hub_offline
-    return [*versions(), *runtime(plan), *lnc(plan, settings), *held_cores(plan), *limits(root, plan.nproc),
+    return [*runtime(plan), *lnc(plan, settings), *held_cores(plan), *limits(root, plan.nproc),
             *writable(plan, settings, environ, fetching), *assets(plan, settings, absent), *dataset(settings)]
 
 
@@ -284,7 +212,7 @@ def recipes_pass(plan: Plan, settings: Settings, environ, print_config=False, ch
     """(findings, answer) of the recipes' pre-launch pass over the workers' exact arguments, in a child
     interpreter (it imports torch and torchtitan: seconds). `fix`: node 0 moves broken checkpoints aside."""
     memory = NEURON_GIB_PER_CORE[settings.neuron_logical_nc_config] if plan.devices.kind == "neuron" else None
-    request = {"args": list(plan.worker_args), "model": plan.model, "variant": plan.variant,
+    request = {"args": list(plan.worker_args), "model": plan.model, "variant": plan.variant, "locks": REPO,
                "ranks": plan.nproc * plan.rendezvous.nnodes, "memory_gib": memory, "print_config": print_config,
                "check_files": check_files, "fix_checkpoints": fix, "node_rank": plan.rendezvous.node_rank}
     env = {**{name: value for name, value in environ.items() if name != "HF_TOKEN"}, "HF_HUB_OFFLINE": "1"}

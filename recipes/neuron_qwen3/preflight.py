@@ -10,6 +10,7 @@ checked, with the library that reads it:
 
 | check | problem | warning |
 |---|---|---|
+| versions | torch, torch-neuronx, transformers or torchtitan off image-build.lock, else the locks (read first) | a lock is missing |
 | flags | a flag the config does not have, a bad value (tyro's parse, as the workers parse them) | |
 | config | MODEL of another family than the variant, or no released Qwen3 | |
 | memory | | the sharded weights, gradients and Adam state take over 60 % of a rank's device memory |
@@ -20,6 +21,8 @@ checked, with the library that reads it:
 """
 
 import contextlib
+import importlib.metadata
+import importlib.util
 import io
 import json
 import os
@@ -27,9 +30,80 @@ import re
 import shutil
 import sys
 
-from neuron_qwen3 import checkpoints, data, shapes
+from neuron_qwen3 import shapes
+
+CHECKED = ("torch", "torch-neuronx", "transformers", "torchtitan")
+IMAGE_BUILD = "image-build.lock"  # written by the image build (ci/image/record-build.py); only in the image
+IMAGE_LOCK = "requirements.lock"  # what the image installs on top of the Neuron DLC
+HOST_LOCK = "requirements-torch.lock"  # the torch of hosts without the DLC (dev machines, CI, the stand-in base)
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
 EXPORT_BYTES = {"bfloat16": 2, "float32": 4}
+
+
+def _name(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(path) -> dict:
+    """{normalised name: {versions}} of the `name==version` lines of a pip lock (several when markers differ)."""
+    found = {}
+    with open(path) as f:
+        for line in f:
+            match = PIN.match(line)
+            if match:
+                found.setdefault(_name(match[1]), set()).add(match[2])
+    return found
+
+
+def _same(installed, pinned):
+    """pip's `==` rule: a pin without a local label (+cpu) accepts any local label."""
+    return installed == pinned or ("+" not in pinned and installed.split("+")[0] == pinned)
+
+
+def built_with(lock_dir) -> str | None:
+    """The TORCHTITAN build arg the image was built with (its label, recorded in IMAGE_BUILD); None outside an image."""
+    try:
+        with open(os.path.join(lock_dir, IMAGE_BUILD)) as f:
+            return next((line.split("=", 1)[1].strip() for line in f if line.startswith("# TORCHTITAN=")), None)
+    except FileNotFoundError:
+        return None
+
+
+def versions(lock_dir, version=importlib.metadata.version, neuron_dlc=None) -> tuple[list, list]:
+    """The installed versions of CHECKED against what the image was built with, else against the locks.
+
+    In the image, IMAGE_BUILD records the base's torch and torch-neuronx (no lock pins them: they come with the DLC)
+    and the torchtitan of its TORCHTITAN build arg (the fork replaces the lock's 0.3.0); its versions come first.
+    requirements-torch.lock pins the torch of hosts without the Neuron DLC, so it is not read where torch_neuronx
+    is installed. A missing lock is a warning and skips its pins; IMAGE_BUILD exists only in the image. Returns
+    (problems, warnings); nothing is imported."""
+    if neuron_dlc is None:
+        neuron_dlc = importlib.util.find_spec("torch_neuronx") is not None
+    problems, warnings, pinned = [], [], {}
+    label = built_with(lock_dir)
+    for lock in (IMAGE_BUILD, IMAGE_LOCK) if neuron_dlc else (IMAGE_BUILD, IMAGE_LOCK, HOST_LOCK):
+        path = os.path.join(lock_dir, lock)
+        try:
+            for name, found in pins(path).items():
+                pinned.setdefault(name, (lock, found))
+        except FileNotFoundError:
+            if lock != IMAGE_BUILD:
+                warnings.append(f"no {path}: installed package versions not checked against it")
+    for name in CHECKED:
+        if name not in pinned:
+            continue
+        lock, wanted = pinned[name]
+        source = f"{lock} (this image was built with TORCHTITAN={label})" if lock == IMAGE_BUILD else lock
+        try:
+            have = version(name)
+        except importlib.metadata.PackageNotFoundError:
+            problems.append(f"{name} is not installed but {source} pins {' or '.join(sorted(wanted))}")
+            continue
+        if not any(_same(have, pin) for pin in wanted):
+            problems.append(f"{name} {have} is installed but {source} pins {' or '.join(sorted(wanted))}: "
+                            "rebuild the image (or `make venv`), or PREFLIGHT=warn to run anyway")
+    return problems, warnings
 
 
 def tyro_line(text: str) -> str:
@@ -81,7 +155,15 @@ def trained_shape(config) -> shapes.Shape | None:
         return None
 
 
+# Architecture fields of config.json that fix the trained shape, in the order a mismatch is named.
+SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "intermediate_size", "num_experts", "num_experts_per_tok",
+                "moe_intermediate_size", "tie_word_embeddings")
+
+
 def init_from(config, shape: shapes.Shape | None, resume_step) -> tuple[list, list]:
+    """The INIT_FROM folder read as transformers reads it (its config.json, every safetensors header) against the
+    shape the run trains: the first field that differs is named."""
     source = config.checkpoint.initial_load_path
     if not source or not config.checkpoint.initial_load_in_hf:
         return [], []
@@ -89,27 +171,31 @@ def init_from(config, shape: shapes.Shape | None, resume_step) -> tuple[list, li
         return [], [f"INIT_FROM is ignored: {config.checkpoint.folder} holds a complete checkpoint (step "
                     f"{resume_step}), and the run resumes from it"]
     from safetensors import SafetensorError, safe_open
+    from transformers import AutoConfig
 
+    if not os.path.isdir(source):
+        return [f"INIT_FROM={source!r}: no such folder"], []
     try:
-        with open(os.path.join(source, "config.json")) as f:
-            found = json.load(f)
+        found = AutoConfig.from_pretrained(source)
         weights = sorted(name for name in os.listdir(source) if name.endswith(".safetensors"))
         if not weights:
             return [f"INIT_FROM={source!r}: {source} has no *.safetensors weights"], []
         for name in weights:
             with safe_open(os.path.join(source, name), "pt"):
                 pass
-    except FileNotFoundError as error:
-        return [f"INIT_FROM={source!r}: no {os.path.basename(error.filename or 'folder')} there"], []
-    except (OSError, ValueError, SafetensorError) as error:  # json, safetensors header errors
-        return [f"INIT_FROM={source!r}: {str(error).splitlines()[0]}"], []
+    except (OSError, ValueError, SafetensorError) as error:  # no or bad config.json, a bad safetensors header
+        return [f"INIT_FROM={source!r}: {str(error).strip().splitlines()[0]}"], []
     if shape is None:
         return [], []
-    for name, trained in shapes.hf_config(shape).items():
-        if name in ("architectures", "hidden_act", "attention_bias", "norm_topk_prob", "decoder_sparse_step",
-                    "mlp_only_layers") or found.get(name) == trained:
-            continue
-        return [f"INIT_FROM={source!r} has {name}={found.get(name)!r} but the run trains {name}={trained!r}"], []
+    trained = shapes.hf_config(shape)
+    try:
+        have = shapes.hf_config(shapes.of_model_config(found))
+    except AttributeError:  # not a Qwen3 config: no such attribute
+        have = {}
+    have["model_type"] = found.model_type
+    for name in SHAPE_FIELDS:
+        if name in trained and have.get(name) != trained[name]:
+            return [f"INIT_FROM={source!r} has {name}={have.get(name)!r} but the run trains {name}={trained[name]!r}"], []
     return [], []
 
 
@@ -135,6 +221,8 @@ def export(config, parameters: int | None) -> list:
 
 def run(request: dict) -> dict:
     answer = {"problems": [], "warnings": [], "lines": [], "config": None, "model": None}
+    if request.get("locks"):  # first, before torch and torchtitan are imported
+        answer["problems"], answer["warnings"] = versions(request["locks"])
     config, problem = parse_config(request["args"], request)
     if problem:
         answer["problems"].append(problem)
@@ -149,6 +237,8 @@ def run(request: dict) -> dict:
             answer["warnings"].append(f"{config.report.model or 'the model'}: {why}")
     if not request.get("check_files"):
         return answer
+    from neuron_qwen3 import checkpoints, data
+
     resume = None
     if config.checkpoint.enable and config.checkpoint.folder and not config.checkpoint.load_only:
         try:

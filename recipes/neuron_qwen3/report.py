@@ -22,6 +22,7 @@ from pathlib import Path
 
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, _get_metrics_rank
 from torchtitan.tools import utils
+from torchtitan.tools.logging import logger
 
 from neuron_qwen3 import devices, flops, shapes
 from neuron_qwen3.plots import plot_loss, plot_throughput
@@ -61,16 +62,32 @@ def record_of(metrics: dict, step: int, steps_since_last: int, world_size: int, 
     }
 
 
-class ReportLogger(BaseLogger):
-    """A torchtitan logger backend that appends each logged step to metrics.jsonl."""
+def duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
-    def __init__(self, folder: Path, world_size: int, log_freq: int, steps: int):
+
+def progress_line(record: dict) -> str:
+    """`step k/N  tokens/s  loss  ETA`: what someone watching a long run's log wants to see now and then."""
+    step, total = record["step"], record["steps_total"]
+    text = f"progress: step {step}/{total}  {record['tokens_per_s']:,.0f} tokens/s  loss {record['loss']:.4f}"
+    return text + (f"  ETA {duration((total - step) * record['step_time_s'])}" if record.get("step_time_s") else "")
+
+
+class ReportLogger(BaseLogger):
+    """A torchtitan logger backend that appends each logged step to metrics.jsonl, and logs the progress line:
+    at the first logged step, then at most once per `progress_every` seconds (a long run's log is not flooded)."""
+
+    def __init__(self, folder: Path, world_size: int, log_freq: int, steps: int, progress_every: float = 60,
+                 clock=time.monotonic):
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "metrics.jsonl"
         self.path.write_text("")  # this launch's records only; a resumed run starts its own
         self.world_size, self.log_freq, self.steps = world_size, log_freq, steps
         self.last_step = None  # a resumed run's first logged step follows the checkpoint's, not step 0
         self.records = []
+        self.progress_every, self.clock, self.progress_at = progress_every, clock, None
 
     def log(self, metrics, step):
         if "loss_metrics/global_avg_loss" not in metrics:  # validation: not a training step
@@ -82,13 +99,17 @@ class ReportLogger(BaseLogger):
         self.records.append(record)
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        now = self.clock()
+        if self.progress_at is None or now - self.progress_at >= self.progress_every:
+            logger.info(progress_line(record))
+            self.progress_at = now
 
 
 class RunReport:
     """The report of one trainer's run; `attach` builds it, `watch` ends it."""
 
-    def __init__(self, trainer, logger: ReportLogger | None, peak: flops.Peak, shape: flops.Shape):
-        self.trainer, self.logger, self.peak, self.shape = trainer, logger, peak, shape
+    def __init__(self, trainer, backend: ReportLogger | None, peak: flops.Peak, shape: shapes.Shape):
+        self.trainer, self.backend, self.peak, self.shape = trainer, backend, peak, shape
         self.folder = Path(trainer.config.dump_folder) / FOLDER
         self.launched = trainer.config.report.launched_at or launch_time()
 
@@ -103,18 +124,19 @@ class RunReport:
             metrics.has_quantization = True  # upstream's one switch for "no MFU" (MetricsProcessor.log)
         else:
             metrics.gpu_peak_flops = peak.flops
-        logger = None
         rank = _get_metrics_rank(parallel_dims=trainer.parallel_dims,
                                  pp_schedule=config.parallelism.pipeline_parallel_schedule)
         if _rank() == rank:
-            logger = ReportLogger(Path(config.dump_folder) / FOLDER, trainer.parallel_dims.world_size,
-                                  config.metrics.log_freq, config.training.steps)
+            backend = ReportLogger(Path(config.dump_folder) / FOLDER, trainer.parallel_dims.world_size,
+                                   config.metrics.log_freq, config.training.steps, config.report.progress_every_s)
             if not isinstance(metrics.logger, LoggerContainer):
                 container = LoggerContainer()
                 container.add_logger(metrics.logger)
                 metrics.logger = container
-            metrics.logger.add_logger(logger)
-        return cls(trainer, logger, peak, shape)
+            metrics.logger.add_logger(backend)
+        else:
+            backend = None
+        return cls(trainer, backend, peak, shape)
 
     @contextlib.contextmanager
     def watch(self):
@@ -139,9 +161,9 @@ class RunReport:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def finish(self, end: str, detail: str | None) -> None:
-        if self.logger is None:
+        if self.backend is None:
             return
-        records = self.logger.records
+        records = self.backend.records
         summary = self.summary(records, end, detail)
         (self.folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if records:

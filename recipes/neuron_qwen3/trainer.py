@@ -49,6 +49,8 @@ class Report:
     """The Hugging Face id of the model trained at full scale (MODEL), for summary.json."""
     launched_at: float = 0.0
     """When the run was launched (seconds since the epoch), for its launch-to-first-step time; 0: torchrun's start."""
+    progress_every_s: float = 60.0
+    """The progress line (`step k/N`, tokens/s, ETA) at the first logged step, then at most this often."""
 
 
 @dataclass(kw_only=True, slots=True)
