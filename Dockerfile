@@ -67,34 +67,35 @@ WORKDIR /opt/neuron-qwen3
 # The launcher's preflight checks the installed torch/torchtitan/transformers against these.
 COPY requirements.lock requirements-torch.lock ./
 COPY ci/image/code-check.py ci/image/config-check.py ci/image/record-build.py tools/
+COPY pyproject.toml ./
 COPY entrypoint/ entrypoint/
 COPY recipes/ recipes/
-# Byte-compile the code (the user cannot write __pycache__ here), check that every package it imports
-# is installed (a second, without importing torch), build every config function on this image's torchtitan
-# (either TORCHTITAN: a torchtitan the recipes do not fit fails `make image`, not the first run; offline, no
-# device, throwaway HOME and HF_HOME), record what the image was built with for the launcher's preflight
-# (image-build.lock: a LABEL is not visible inside the container), and check that the launcher starts.
-# A .pth file in the venv puts recipes/ and the launcher's stdlib modules they read (entrypoint.*) on every
-# interpreter's path, so the article's hand-typed `torchrun ... -m torchtitan.train --module neuron_qwen3` finds
-# them without the launcher's PYTHONPATH (checked from /, outside WORKDIR).
+# Install this project into the venv, editable (its sources stay here, where the launcher finds the locks), with the
+# image's revision as the local version label that each run's summary.json records (0.4.0+<revision>); byte-compile
+# the code (the user cannot write __pycache__ here), check that every package it imports is installed (without
+# importing torch), build every config function on this image's torchtitan (either TORCHTITAN: a torchtitan the
+# recipes do not fit fails `make image`, not the first run; offline, no device, throwaway HOME and HF_HOME), record
+# what the image was built with for the launcher's preflight (image-build.lock: a LABEL is not visible inside the
+# container), and check that the launcher starts and that the article's `-m torchtitan.train --module neuron_qwen3`
+# finds the recipes from any directory.
 ARG TORCHTITAN
-RUN python3 -m compileall -q entrypoint recipes \
+ARG VCS_REF=unknown
+RUN sed -i "s/^version = \"\(.*\)\"$/version = \"\1+$(echo "${VCS_REF}" | tr -c 'a-zA-Z0-9.\n' .)\"/" pyproject.toml \
+ && python3 -m pip install --disable-pip-version-check --no-cache-dir --no-index --no-deps --no-build-isolation \
+    --quiet -e . \
+ && python3 -m compileall -q entrypoint recipes \
  && python3 tools/code-check.py entrypoint recipes \
- && HOME=/tmp/config-check HF_HOME=/tmp/config-check HF_HUB_OFFLINE=1 PYTHONPATH=recipes:. \
-    python3 tools/config-check.py \
+ && HOME=/tmp/config-check HF_HOME=/tmp/config-check HF_HUB_OFFLINE=1 python3 tools/config-check.py \
  && rm -rf /tmp/config-check \
  && python3 tools/record-build.py "${TORCHTITAN}" >image-build.lock \
- && printf '%s\n' /opt/neuron-qwen3/recipes /opt/neuron-qwen3 \
-    > "$(python3 -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/neuron-qwen3-recipes.pth" \
- && (cd / && python3 -c "import neuron_qwen3, entrypoint.models") \
+ && (cd / && python3 -c "import neuron_qwen3.config_registry, entrypoint.cli") \
  && python3 -m entrypoint --list
 
 USER ${APP_UID}
 
-# Last, so that a new revision or version only rewrites metadata. ci/build_image.py passes each one.
+# Last, so that a new date or version only rewrites metadata. ci/build_image.py passes each one.
 ARG BASE_IMAGE
 ARG TORCHTITAN_NEURON_REF
-ARG VCS_REF=unknown
 ARG BUILD_DATE=unknown
 ARG TORCHTITAN_VERSION=0.3.0
 ARG TRANSFORMERS_VERSION=5.16.0
@@ -112,7 +113,5 @@ LABEL org.opencontainers.image.title="neuron-qwen3" \
       io.neuron-qwen3.transformers.version="${TRANSFORMERS_VERSION}" \
       io.neuron-qwen3.torch.version="${TORCH_VERSION}" \
       io.neuron-qwen3.neuron-sdk="${NEURON_SDK}"
-# The revision label, readable from inside: each run's report/summary.json records it (recipes/neuron_qwen3/report.py)
-ENV NEURON_QWEN3_IMAGE_REVISION="${VCS_REF}"
 
 ENTRYPOINT ["python3", "-m", "entrypoint"]

@@ -1,11 +1,13 @@
 # neuron-qwen3: every target is thin and calls one script or one command.
 #
-#   make venv       .venv from the three hashed locks (idempotent: re-runs only when a lock changes); their
-#                   wheels stay in build/wheels, so the image job needs no package index
+#   make venv       .venv from the three hashed locks, then this project (entrypoint + recipes) installed
+#                   editable (idempotent: re-runs only when a lock changes); the wheels stay in build/wheels,
+#                   so the image job needs no package index
 #   make train      the launcher at smoke scale on this host (VARIANT=native|v5|nki_moe, STEPS=N, DEVICE=cpu)
 #   make compare    the three variants alike (SCALE=smoke|bench, STEPS, COMPILE...), one table, one loss plot
 #   make test       the whole test suite, the image smoke job included (what CI runs)
 #   make test-fast  everything but the slow groups (markers `image` and `training`, pyproject.toml)
+#   make docs       the variable and variant tables of README.md and docs/production.md, from the code
 #   make lock       regenerate requirements*.lock from requirements*.in (needs the package index)
 #   make lock-check would `make lock` give the same locks today? (needs the index; not part of `make test`)
 #   make image   build the image through the docker SDK (ci/build_image.py): BASE_IMAGE=..., ARGS="--help"
@@ -26,11 +28,11 @@ LOCKS := requirements-torch.lock requirements.lock requirements-dev.lock
 # in one line instead of halfway through the install.
 VENV_DISK_GB ?= 11
 
-.PHONY: venv train compare test test-fast lock lock-check image lint smoke clean
+.PHONY: venv train compare test test-fast docs lock lock-check image lint smoke clean
 
 venv: $(STAMP)
 
-$(STAMP): $(LOCKS)
+$(STAMP): $(LOCKS) pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(None if sys.version_info >= (3, 11) else "make venv needs PYTHON >= 3.11, got " + sys.version.split()[0])'
 	@test -d $(VENV) || $(PYTHON) -c 'import shutil, sys; free = shutil.disk_usage(".").free / 1e9; \
 		need = f"make venv needs about $(VENV_DISK_GB) GB free in {sys.argv[1]} for $(VENV) and $(WHEELS)"; \
@@ -40,6 +42,7 @@ $(STAMP): $(LOCKS)
 		$(addprefix -r ,$(LOCKS))
 	$(PY) -m pip install --disable-pip-version-check --no-index --find-links $(WHEELS) --require-hashes \
 		$(addprefix -r ,$(LOCKS))
+	$(PY) -m pip install --disable-pip-version-check --quiet --no-index --no-deps --no-build-isolation -e .
 	touch $@
 
 # The host venv has no torch-neuronx (the locks never pin Neuron packages), so on a Neuron host the smoke job
@@ -48,13 +51,16 @@ train: venv
 	SCALE=$${SCALE:-smoke} DEVICE=$${DEVICE:-$$(test -e /dev/neuron0 && echo cpu || echo auto)} $(PY) -m entrypoint
 
 compare: venv
-	SCALE=$${SCALE:-smoke} PYTHONPATH=recipes $(PY) -m neuron_qwen3.compare --run $(ARGS)
+	SCALE=$${SCALE:-smoke} $(PY) -m bench.compare --run $(ARGS)
 
 test: venv
 	$(PY) -m pytest -q -rsxX
 
 test-fast: venv
 	$(PY) -m pytest -q -rsxX -m "not image and not training"
+
+docs: venv
+	$(PY) -m ci.docs
 
 image: venv
 	$(PY) -m ci.build_image $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE)) $(ARGS)

@@ -1,8 +1,8 @@
 """Routed experts, forward + backward: NKIGroupedExperts' reference op vs torchtitan's GroupedExperts.
 
-    PYTHONPATH=recipes .venv/bin/python -m bench.bench_moe_experts                 # all shapes, CPU
-    PYTHONPATH=recipes .venv/bin/python -m bench.bench_moe_experts --shapes smoke  # seconds
-    PYTHONPATH=recipes .venv/bin/python -m bench.bench_moe_experts --device cuda   # on a GPU
+    .venv/bin/python -m bench.bench_moe_experts                 # all shapes, CPU
+    .venv/bin/python -m bench.bench_moe_experts --shapes smoke  # seconds
+    .venv/bin/python -m bench.bench_moe_experts --device cuda   # on a GPU
 
 Both modules share one set of weights and see the same routed rows (uniform random top-k routing,
 rows grouped by expert as torchtitan's dispatcher hands them over). The two are interleaved in

@@ -35,8 +35,8 @@ DEFAULT_BASE = "public.ecr.aws/neuron/pytorch-training-neuronx:2.14.0-neuronx-py
 # file the user supplies; its commit could not be looked up here, so there is no default: --torchtitan-neuron-ref.
 COMMIT = re.compile(r"[0-9a-f]{40}")
 # What the build context holds (the allowlist of .dockerignore; tests/test_image.py checks they agree).
-CONTEXT = ("Dockerfile", ".dockerignore", "requirements.lock", "requirements-torch.lock", "ci/image", ".wheelhouse",
-           "entrypoint", "recipes")
+CONTEXT = ("Dockerfile", ".dockerignore", "requirements.lock", "requirements-torch.lock", "pyproject.toml", "ci/image",
+           ".wheelhouse", "entrypoint", "recipes")
 LOCK = REPO / "requirements.lock"
 TORCH_LOCK = REPO / "requirements-torch.lock"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 from ci import build_image, standin, wheelhouse
-from entrypoint import names
+from entrypoint import selftest as names  # the log patterns: LOSS_LINE, COLOUR
 
 STEPS = os.environ.get("NQ_SMOKE_STEPS", "4")
 NEURON_DEVICES = 4  # x 4 logical cores per trn2 device at LNC 2 = 16 processes
@@ -60,10 +60,14 @@ CASES = (
     # no network at all: the single-node rendezvous must not need the container's host name to resolve
     Case("train-native-network-none", env={"VARIANT": "native", "SCALE": "smoke", "STEPS": STEPS}, loss_falls=True,
          network="none", timeout=300),
-    # the article's hand-typed command, without the launcher: the baked-in recipes are importable by any process
-    Case("hand-typed-article-command", entrypoint=("python3", "-m", "torchtitan.train"),
-         args=("--module", "neuron_qwen3", "--config", "native_qwen3_smoke", "--help"), network="none",
-         stdout_has="usage:"),
+    # the article's hand-typed command, without the launcher, from another directory: the installed recipes train
+    # and the config's own trainer leaves the run report
+    Case("hand-typed-article-command", entrypoint=("sh", "-c"), args=(
+        "cd / && python3 -m torch.distributed.run --nproc_per_node=1 --rdzv_backend c10d --rdzv_endpoint "
+        "127.0.0.1:0 --local-addr 127.0.0.1 -m torchtitan.train --module neuron_qwen3 --config native_qwen3_smoke "
+        f"--training.steps {STEPS} --dump_folder /tmp/by-hand && cat /tmp/by-hand/report/summary.json",),
+        env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}, network="none", loss_falls=True,
+        stdout_has='"end": "finished"', timeout=300),
     Case("neuron-dry-run", args=("--dry-run",), neuron_devices=NEURON_DEVICES, nproc=NEURON_DEVICES * 4),
     Case("neuron-without-torch-neuronx", neuron_devices=NEURON_DEVICES, exit_code=2, error="torch_neuronx"),
     Case("unknown-variant", env={"VARIANT": "llama4"}, exit_code=2, error="VARIANT='llama4'"),

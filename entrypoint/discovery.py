@@ -1,7 +1,7 @@
 """What accelerator this container sees and how many processes it can feed: Neuron, then CUDA, then CPU.
 
-One function per device kind, each reading under a filesystem `root` (default "/") so tests can hand it a
-fake /dev. Nothing here imports torch or a device runtime: device nodes and `neuron-ls` are enough to count.
+One function per device kind, each reading under a filesystem `root` (default "/"; tests pass a fake /dev).
+Nothing here imports torch or a device runtime: device nodes and `neuron-ls` are enough to count.
 """
 
 import json
@@ -11,7 +11,6 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from entrypoint import names
 from entrypoint.contract import Settings, UsageError
 
 PHYSICAL_CORES_PER_DEVICE = 8  # trn2: 8 NeuronCore-v3 per Trainium2 device
@@ -51,7 +50,7 @@ def run_neuron_ls():
         return None
 
 
-def neuron(root="/", lnc=int(names.LNC_DEFAULT), visible=None, listing=None):
+def neuron(root="/", lnc=2, visible=None, listing=None):
     """Logical NeuronCores from a neuron-ls listing (nc_count is LNC-adjusted), else /dev/neuronN x (8 // LNC)."""
     held = ()
     if listing:
@@ -92,16 +91,15 @@ def cpu():
     return Devices("cpu", os.cpu_count() or 1)
 
 
-def discover(settings: Settings, neuron_ls=run_neuron_ls) -> Devices:
+def discover(settings: Settings, root="/", neuron_ls=run_neuron_ls) -> Devices:
     """DEVICE=auto: Neuron, else CUDA, else CPU. neuron-ls describes only the real machine, so it is consulted
     only when discovery looks at "/"."""
     if settings.device == "cpu":
         return cpu()
-    root = settings.neuron_qwen3_root
     found = None
     if settings.device in ("auto", "neuron"):
         listing = neuron_ls() if root == "/" else None
-        found = neuron(root, int(settings.neuron_logical_nc_config), settings.neuron_rt_visible_cores, listing)
+        found = neuron(root, settings.neuron_logical_nc_config, settings.neuron_rt_visible_cores, listing)
     if not found and settings.device in ("auto", "cuda"):
         found = cuda(root, settings.cuda_visible_devices)
     if not found and settings.device != "auto":

@@ -13,11 +13,10 @@ DEST's disk has less free space than the weights still to fetch (asked of the Hu
 """
 
 import fnmatch
+import json
 import os
 import shutil
 import sys
-
-from entrypoint import hf_folder
 
 REQUIRED = ("config.json", "tokenizer.json", "tokenizer_config.json")
 PATTERNS = (*REQUIRED, "generation_config.json", "vocab.json", "merges.txt")  # also fetched when the repo has them
@@ -28,12 +27,21 @@ def missing(dest, weights=False) -> list:
     """The required files not (yet) in `dest`; huggingface_hub writes each under a temporary name, then renames.
     With `weights`, also the safetensors (every shard the index names)."""
     absent = [name for name in REQUIRED if not os.path.isfile(os.path.join(dest, name))]
-    if weights:
-        try:
-            hf_folder.safetensors_files(dest)
-        except (ValueError, OSError):
-            absent.append("*.safetensors")
+    if weights and not weights_present(dest):
+        absent.append("*.safetensors")
     return absent
+
+
+def weights_present(folder) -> bool:
+    """Every shard model.safetensors.index.json names, else at least one *.safetensors."""
+    try:
+        with open(os.path.join(folder, "model.safetensors.index.json")) as f:
+            shards = set(json.load(f)["weight_map"].values())
+    except FileNotFoundError:
+        return os.path.isdir(folder) and any(name.endswith(".safetensors") for name in os.listdir(folder))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return all(os.path.isfile(os.path.join(folder, name)) for name in shards)
 
 
 class Redacted:

@@ -1,28 +1,18 @@
-"""Run the planned command as PID 1's child, pass every signal on to all of its processes, bound the stop.
+"""Run the planned command as PID 1's child, pass every stop signal on to all of its processes, bound the stop.
 
-The child gets its own process group. torchrun starts each worker in a session of its own, so signalling the
-child's group reaches torchrun only: the launcher signals every process group found under the child in /proc
-(torchrun's, each worker's with its dataloader and compiler children), so `docker stop` (SIGTERM) or Ctrl-C
-reaches every process at once. After the first SIGTERM, SIGINT or SIGHUP those groups have `grace` seconds
-(STOP_GRACE) to exit; then the launcher SIGKILLs all of them, including workers torchrun left behind. A stop
-therefore takes at most `grace` seconds plus one polling interval (0.1 s) and the kill: the bound that
-docs/production.md states. The launcher exits with the child's status (128 + N if killed by signal N); after a
-stop signal N, a child that did not succeed makes it 128 + N (143 for SIGTERM: torchrun itself exits 1 then), so
-Slurm and Kubernetes see a stopped job, not a failed one. As PID 1 it also reaps the orphans a container's init
-would, so none is left a zombie.
-
-`watch()` runs at the top of the launcher's main: a stop that arrives before torchrun starts (discovery,
-`neuron-ls`, preflight, the asset fetch) is noted, nothing more is started, and the launcher exits 128 + N. SIGUSR1
-and SIGUSR2 are not forwarded: neither torchrun nor torchtitan handles them, so they killed every worker at once
-(no save); the launcher notes and ignores them (Slurm's `--signal` should name TERM).
+torchrun starts each worker in a session of its own, so the launcher signals every process group it finds under its
+child in /proc. After the first SIGTERM, SIGINT or SIGHUP those groups have `grace` seconds (STOP_GRACE) to exit,
+then they are SIGKILLed: a stop takes at most `grace` + one poll (0.1 s) + the kill (docs/production.md). The exit
+status is the child's (128 + N if killed by signal N); after a stop signal N a failed child reads 128 + N (143:
+SIGTERM), so Slurm and Kubernetes see a stopped job, not a failed one. As PID 1 it reaps orphans too. `watch()`, at
+the top of main, notes a stop that comes before torchrun starts: nothing more is started. SIGUSR1/2 are ignored
+(neither torchrun nor torchtitan handles them: they killed every worker without a save).
 """
 
 import os
 import signal
 import subprocess
 import time
-
-from entrypoint import progress
 
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # forwarded to every process group of the child
 IGNORED = (signal.SIGUSR1, signal.SIGUSR2)
@@ -160,13 +150,10 @@ def run(argv, env, grace) -> int:
     previous = {signum: signal.signal(signum, forward) for signum in STOPS + IGNORED}
     try:
         child = subprocess.Popen(argv, env=env, start_new_session=True)
-        watch = progress.Progress.for_command(argv)  # `step k/N`, tokens/s, ETA now and then; None: not training
         for signum in early:
             forward(signum, None)
         code, killed_at = None, None
         while True:
-            if watch:
-                watch.poll()
             if code is None:
                 code = _reap(child)
             if code is not None and (deadline is None or not _any_alive(groups)):

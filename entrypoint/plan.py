@@ -1,33 +1,31 @@
 """Settings + devices -> one torchrun command and the environment it adds: everything a launch will do.
 
-The command is the article's single-node launch, run through this interpreter so no PATH lookup is needed,
-plus the rendezvous of a multi-node job (rendezvous.py) and the checkpoint flags when CHECKPOINT_DIR is set;
-`--dry-run` prints the plan instead of running it. Nothing here touches the filesystem.
+The command is the article's: `torchrun ... -m torchtitan.train --module neuron_qwen3 --config <fn>`, run through
+this interpreter so no PATH lookup is needed, plus the rendezvous of a multi-node job (rendezvous.py) and every
+setting as the torchtitan flag the contract names (contract.Var.flag); `--dry-run` prints the plan instead of
+running it. Nothing here touches the filesystem.
 """
 
 import os
 import sys
 from dataclasses import dataclass
 
-from entrypoint import models, rendezvous
-from entrypoint.contract import Settings, UsageError
+from entrypoint import rendezvous
+from entrypoint.contract import VARS, Settings, UsageError
 from entrypoint.discovery import Devices
 from entrypoint.variants import VARIANTS
 
-REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-RECIPES = os.path.join(REPO, "recipes")
-# Every worker ends in neuron_qwen3.trainer (torchtitan's main with the project's run hooks); the CPU worker
-# applies the CPU adapter, the Neuron worker imports torch_neuronx, before torchtitan is imported.
-WORKER = {"neuron": "neuron_qwen3.neuron_worker", "cuda": "neuron_qwen3.trainer", "cpu": "neuron_qwen3.cpu_worker"}
 COMPILE_BACKEND = {"neuron": "neuron", "cuda": "inductor", "cpu": "inductor"}
 UNIT = {"neuron": "logical NeuronCores", "cuda": "GPUs", "cpu": "CPU cores"}
-# Device memory per logical NeuronCore on trn2 (96 GiB per device) by NEURON_LOGICAL_NC_CONFIG.
-NEURON_GIB_PER_CORE = {"1": 12, "2": 24}
-# torchtitan flags whose value the launcher owns (it also acts on it: housekeeping, folders): the variable to set.
+# torchtitan flags whose value the launcher owns (it acts on it: housekeeping, folders, devices): the variable.
 OWNED_FLAGS = {"module": "MODULE", "config": "CONFIG (or VARIANT and SCALE)", "dump_folder": "OUTPUT_DIR",
                "checkpoint.enable": "CHECKPOINT_DIR", "checkpoint.folder": "CHECKPOINT_DIR",
-               "checkpoint.keep_latest_k": "CHECKPOINT_KEEP",
-               "checkpoint.interval": "CHECKPOINT_INTERVAL", "hf_assets_path": "ASSETS_DIR (and MODEL)"}
+               "checkpoint.keep_latest_k": "CHECKPOINT_KEEP", "checkpoint.interval": "CHECKPOINT_INTERVAL",
+               "hf_assets_path": "ASSETS_DIR (and MODEL)", "device": "DEVICE",
+               "neuron.logical_nc_config": "NEURON_LOGICAL_NC_CONFIG"}
+# Variables whose flags depend on other settings: built by the functions below, not passed as they are.
+BUILT = ("CHECKPOINT_INTERVAL", "CHECKPOINT_KEEP", "ASSETS_DIR", "OUTPUT_DIR", "CONFIG", "MODULE", "WANDB_MODE")
+PATHS = ("EXPORT_DIR", "DATASET")  # made absolute (DATASET when it is a local path): workers start elsewhere
 
 
 @dataclass(frozen=True)
@@ -35,7 +33,6 @@ class Plan:
     variant: str
     scale: str
     model: str | None  # the Hub id at full scale; None: smoke's bundled model, or CONFIG's own
-    parallelism: dict  # {"fits": bool, "why": one line}: how the model is spread over the ranks
     module: str
     config: str
     devices: Devices
@@ -45,6 +42,11 @@ class Plan:
     rendezvous: rendezvous.Rendezvous
     assets: str | None  # full scale: the folder --hf_assets_path names; smoke: None (bundled)
     checkpoint_dir: str | None  # absolute; None: no checkpoints
+
+    @property
+    def worker_args(self) -> tuple:
+        """The torchtitan arguments every worker gets: `--module ... --config ... <flags>`."""
+        return self.argv[self.argv.index("torchtitan.train") + 1:]
 
 
 def process_count(settings: Settings, devices: Devices, rdzv: rendezvous.Rendezvous) -> int:
@@ -57,38 +59,35 @@ def process_count(settings: Settings, devices: Devices, rdzv: rendezvous.Rendezv
 
 
 def model_for(settings: Settings) -> str | None:
-    """MODEL, else the variant's; its family must be the variant's. None at smoke scale (the bundled tiny model)."""
-    variant = VARIANTS[settings.variant]
-    if settings.scale != "full":
-        if settings.model:
-            raise UsageError(f"MODEL={settings.model!r} is for SCALE=full; SCALE=smoke trains the bundled tiny model")
-        return None
-    model = settings.model or variant.hf_repo
-    family = models.MODELS[model].family
-    if family != variant.family:
-        raise UsageError(f"MODEL={model!r} is a {family} Qwen3 and VARIANT={variant.name} trains {variant.family} "
-                         f"ones (allowed: {', '.join(m for m, s in models.MODELS.items() if s.family == variant.family)})")
-    return model
-
-
-def config_for(settings: Settings, model: str | None) -> str:
-    """CONFIG, else the config VARIANT and SCALE pick (the article's for the variant's own model)."""
-    variant = VARIANTS[settings.variant]
+    """MODEL, else the variant's; None at smoke and bench scale (bundled models) and with CONFIG."""
     if settings.config:
         if settings.model:
             raise UsageError(f"MODEL={settings.model!r} and CONFIG={settings.config!r} exclude each other: the "
                              "config function decides the model")
+        return None
+    if settings.scale != "full":
+        if settings.model:
+            raise UsageError(f"MODEL={settings.model!r} is for SCALE=full; SCALE={settings.scale} trains a bundled "
+                             "model")
+        return None
+    return settings.model or VARIANTS[settings.variant].hf_repo
+
+
+def config_for(settings: Settings, model: str | None, kind: str) -> str:
+    """CONFIG, else the config VARIANT and SCALE pick (MODEL's flavor at full scale; the CPU bench on a CPU)."""
+    variant = VARIANTS[settings.variant]
+    if settings.config:
         return settings.config
-    if model and model != variant.hf_repo:
-        return variant.any_model_config
-    return variant.configs[settings.scale]
+    if model:
+        return variant.configs["full"] if model == variant.hf_repo else variant.config_for(model)
+    return variant.configs["bench_cpu" if settings.scale == "bench" and kind == "cpu" else settings.scale]
 
 
 def assets_path(settings: Settings, model: str | None) -> str | None:
     """Where the full-scale assets of the model live: $ASSETS_DIR/<repo name>, as `hf download --local-dir`."""
-    if not model:  # smoke configs carry their own bundled assets
+    if not model:  # smoke and bench configs carry their own bundled assets
         return None
-    return os.path.join(os.path.abspath(settings.assets_dir), models.repo_name(model))
+    return os.path.join(os.path.abspath(settings.assets_dir), model.rsplit("/", 1)[-1])
 
 
 def refuse_owned_flags(args, source: str) -> None:
@@ -100,69 +99,64 @@ def refuse_owned_flags(args, source: str) -> None:
             raise UsageError(f"{source} sets --{name}, which the launcher owns: use {OWNED_FLAGS[name]} instead")
 
 
-def parallelism(settings: Settings, devices: Devices, model: str | None, nproc: int, nnodes: int) -> dict:
-    """FSDP over every rank, as the article, and whether the model's sharded state fits a logical NeuronCore's
-    memory (an estimate: preflight warns when it does not; GPU and CPU memory are not known here)."""
-    if not model:
-        return {"fits": True, "why": f"FSDP over {nproc * nnodes} ranks (the config's own model)"}
-    memory = NEURON_GIB_PER_CORE[settings.neuron_logical_nc_config] if devices.kind == "neuron" else None
-    fits, line = models.fit(models.MODELS[model], nproc * nnodes, memory)
-    return {"fits": fits, "why": line}
-
-
-def checkpoint_args(settings: Settings) -> list:
-    """Save every CHECKPOINT_INTERVAL steps into CHECKPOINT_DIR; torchtitan resumes from the newest step-N there.
-
-    The last checkpoint keeps the optimizer (`no-last-save-model-only`) so that a finished run can be restarted
-    with more steps; checkpoints.py has already moved aside any step-N a restart must not load.
-    """
-    if not settings.checkpoint_dir:
-        return []
-    return ["--checkpoint.enable", f"--checkpoint.folder={os.path.abspath(settings.checkpoint_dir)}",
-            "--checkpoint.interval", str(settings.checkpoint_interval),
-            "--checkpoint.keep_latest_k", str(settings.checkpoint_keep), "--checkpoint.no-last-save-model-only"]
-
-
 def init_source(settings: Settings, assets: str | None) -> str | None:
     """The Hugging Face folder INIT_FROM names, absolute (torchtitan resolves initial_load_path from the workers'
     working directory); `hub` is the variant's assets folder, which the launcher fills with the weights."""
     if not settings.init_from:
         return None
     if settings.init_from == "hub":
-        if settings.scale != "full":
-            raise UsageError("INIT_FROM='hub' is not allowed at SCALE=smoke (offline, tiny model): give a local "
-                             "Hugging Face model folder")
-        return os.path.abspath(assets)
+        if not assets:
+            raise UsageError(f"INIT_FROM='hub' is for SCALE=full (MODEL's Hub weights), not SCALE={settings.scale}: "
+                             "give a local Hugging Face model folder")
+        return assets
     return os.path.abspath(settings.init_from)
 
 
-def weights_args(settings: Settings, assets: str | None) -> list:
-    """INIT_FROM through torchtitan's initial load (HF safetensors, model only; a complete checkpoint in
-    CHECKPOINT_DIR wins); EXPORT_DTYPE as torchtitan's export dtype (the export itself: neuron_qwen3/weights.py)."""
+def checkpoint_args(settings: Settings, source: str | None) -> list:
+    """CHECKPOINT_DIR: save every CHECKPOINT_INTERVAL steps, resume from the newest step-N there; the last save
+    keeps the optimizer (`no-last-save-model-only`), so a finished run can be continued with more steps. INIT_FROM:
+    torchtitan's initial load of HF safetensors, model only (a complete checkpoint in CHECKPOINT_DIR wins)."""
     args = []
-    source = init_source(settings, assets)
+    if settings.checkpoint_dir:
+        args += ["--checkpoint.enable", f"--checkpoint.folder={os.path.abspath(settings.checkpoint_dir)}",
+                 f"--checkpoint.interval={settings.checkpoint_interval}",
+                 f"--checkpoint.keep_latest_k={settings.checkpoint_keep}", "--checkpoint.no-last-save-model-only"]
     if source:
         args += ["--checkpoint.enable", f"--checkpoint.initial_load_path={source}", "--checkpoint.initial_load_in_hf",
                  "--checkpoint.initial_load_model_only"]
         if not settings.checkpoint_dir:  # load the weights, write no checkpoints
             args += ["--checkpoint.load_only"]
-    if settings.export_dir:
-        args += ["--checkpoint.export_dtype", settings.export_dtype]
     return args
 
 
-def torchtitan_args(settings: Settings, kind: str, assets: str | None, cli_args=()) -> list:
+def passed_args(settings: Settings, environ) -> list:
+    """Every variable set in the environment whose contract flag is one torchtitan flag, as `--flag=value`."""
+    args = []
+    for var in VARS:
+        value = getattr(settings, var.name.lower())
+        if not var.flag.startswith("--") or " " in var.flag or var.name in BUILT or var.name not in environ:
+            continue
+        if var.name in PATHS and (var.name != "DATASET" or os.path.exists(value)):
+            value = os.path.abspath(value)
+        args.append(f"{var.flag}={value}")
+    return args
+
+
+def torchtitan_args(settings: Settings, devices: Devices, model: str | None, assets: str | None, environ,
+                    cli_args=()) -> list:
     """Paths go as `--flag=/absolute/path`: a path that starts with `-` would otherwise be read as a flag."""
-    args = ["--training.steps", str(settings.steps)] if settings.steps else []
+    args = [f"--device={devices.kind}"]
     if settings.compile:
-        args += ["--compile.enable", "--compile.backend", COMPILE_BACKEND[kind]]
+        args += ["--compile.enable", f"--compile.backend={COMPILE_BACKEND[devices.kind]}"]
     if assets:
-        args.append(f"--hf_assets_path={assets}")
+        args += [f"--hf_assets_path={assets}", f"--report.model={model}"]
         if VARIANTS[settings.variant].hf_config_arg:  # the model's config.json from the same folder, not the Hub
             args.append(f"{VARIANTS[settings.variant].hf_config_arg}={assets}")
+    if environ.get("WANDB_API_KEY") or settings.wandb_mode == "offline":
+        args.append("--metrics.enable_wandb")
     refuse_owned_flags(settings.extra_args, "EXTRA_ARGS")
     refuse_owned_flags(cli_args, "the command line")
-    return [*args, *checkpoint_args(settings), *weights_args(settings, assets),
+    return [*args, *passed_args(settings, environ), *checkpoint_args(settings, init_source(settings, assets)),
             f"--dump_folder={os.path.abspath(settings.output_dir)}", *settings.extra_args, *cli_args]
 
 
@@ -179,23 +173,16 @@ def cache_dirs(settings: Settings, kind: str) -> dict:
     return {name: f"{cache}/{folder}" for name, folder in CACHE_VARS[kind].items()}
 
 
-def env_additions(settings: Settings, devices: Devices, nproc: int, model: str | None, environ) -> dict:
-    # the recipes, and the launcher's stdlib modules they read (entrypoint.models, .names), from any directory
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, (RECIPES, REPO, environ.get("PYTHONPATH")))),
-           "PYTHONUNBUFFERED": "1"}
-    if model:
-        env["MODEL"] = model  # resolved: the any-model config functions read it
+def env_additions(settings: Settings, devices: Devices, nproc: int, environ) -> dict:
+    """What the workers' runtimes read from the environment (torch, the Neuron runtime, compilers, the Hub)."""
+    env = {"PYTHONUNBUFFERED": "1"}
     defaults = cache_dirs(settings, devices.kind)
     if devices.kind == "neuron":
-        env["NEURON_LOGICAL_NC_CONFIG"] = settings.neuron_logical_nc_config
+        env["NEURON_LOGICAL_NC_CONFIG"] = str(settings.neuron_logical_nc_config)
         if "NEURON_RT_VISIBLE_CORES" in environ:
             env["NEURON_RT_VISIBLE_CORES"] = environ["NEURON_RT_VISIBLE_CORES"]
     elif devices.kind == "cpu":
         defaults["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    if settings.export_dir:  # read by the workers' export (neuron_qwen3/weights.py)
-        env["EXPORT_DIR"] = os.path.abspath(settings.export_dir)
-    if settings.dataset and os.path.exists(settings.dataset):  # workers may start elsewhere: local data absolute
-        env["DATASET"] = os.path.abspath(settings.dataset)
     if settings.scale != "full":  # smoke and bench runs (bundled assets) never touch the network
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     if settings.max_restarts:
@@ -214,11 +201,12 @@ def refuse_full_scale_on_cpu(settings: Settings, devices: Devices, environ) -> N
                          "SCALE=smoke for the tiny model, or SCALE=full to train the full model on CPU knowingly")
 
 
-def build(settings: Settings, devices: Devices, environ, cli_args=()) -> Plan:
-    """The launch, from the settings, the devices and the arguments the launcher does not own (torchtitan's)."""
+def build(settings: Settings, devices: Devices, environ, cli_args=(), launched_at: float | None = None) -> Plan:
+    """The launch, from the settings, the devices and the arguments the launcher does not own (torchtitan's).
+    `launched_at`: when the launcher started, for the run report's launch-to-first-step time."""
     refuse_full_scale_on_cpu(settings, devices, environ)
-    model = None if settings.config else model_for(settings)
-    config = config_for(settings, model)
+    model = model_for(settings)
+    config = config_for(settings, model, devices.kind)
     rdzv = rendezvous.resolve(settings)
     nproc = process_count(settings, devices, rdzv)
     restarts = [f"--max-restarts={settings.max_restarts}"] if settings.max_restarts else []
@@ -229,9 +217,9 @@ def build(settings: Settings, devices: Devices, environ, cli_args=()) -> Plan:
     argv = (sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *rdzv.torchrun_args(),
             *restarts, f"--log-dir={os.path.join(os.path.abspath(settings.output_dir), 'torchrun')}",
             *ranks, "--role", "rank", "--tee", "3",
-            "-m", WORKER[devices.kind], "--module", settings.module, "--config", config,
-            *torchtitan_args(settings, devices.kind, assets, cli_args))
+            "-m", "torchtitan.train", "--module", settings.module, "--config", config,
+            *([f"--report.launched_at={launched_at:.3f}"] if launched_at else []),
+            *torchtitan_args(settings, devices, model, assets, environ, cli_args))
     checkpoint_dir = os.path.abspath(settings.checkpoint_dir) if settings.checkpoint_dir else None
-    return Plan(settings.variant, settings.scale, model, parallelism(settings, devices, model, nproc, rdzv.nnodes),
-                settings.module, config, devices, nproc, argv, env_additions(settings, devices, nproc, model, environ),
-                rdzv, assets, checkpoint_dir)
+    return Plan(settings.variant, settings.scale, model, settings.module, config, devices, nproc, argv,
+                env_additions(settings, devices, nproc, environ), rdzv, assets, checkpoint_dir)

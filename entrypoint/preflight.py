@@ -1,47 +1,47 @@
-"""Checks run after the plan is made and before torchrun starts: one line each, stdlib only, torch never imported.
+"""Checks run after the plan is made and before torchrun starts: one line each.
 
-A failure stops the launch with exit status 2 (PREFLIGHT=warn turns failures into warnings); a warning is printed
-and the launch goes on. Each check is one function returning findings, so tests call them one by one.
+The checks here are stdlib only (torch is never imported); the ones that need a file format or the config itself
+(the installed versions against the locks, flags, INIT_FROM, the dataset's records, the checkpoints, the export's
+room) run in one child interpreter with the real libraries, the recipes' pre-launch pass (`recipes_pass`, neuron_qwen3/preflight.py), whose findings come back
+as lines. A failure stops the launch with exit status 2 (PREFLIGHT=warn turns failures into warnings); a warning
+is printed and the launch goes on. Each check is one function returning findings, so tests call them one by one.
 
 | check | failure | warning |
 |---|---|---|
-| versions | torch, torch-neuronx, transformers or torchtitan off image-build.lock, else the locks | a lock is missing |
 | runtime | Neuron devices, no torch_neuronx | |
 | lnc | NEURON_CC_FLAGS `--lnc` differs from NEURON_LOGICAL_NC_CONFIG | |
 | held cores | `neuron-ls -j` shows another process on a device this run uses | |
-| limits | | /dev/shm below 1 GiB; nofile below 65536; memlock limited while EFA devices are present |
-| memory | | the model's sharded weights, gradients and Adam state take over 60 % of a logical NeuronCore's memory |
+| limits | | /dev/shm below 1 GiB; nofile below 65536 with many processes; memlock limited with EFA |
 | writable | a cache, checkpoint, output or (when fetching) assets directory cannot be written | |
 | assets | full scale, assets missing, HF_HUB_OFFLINE=1 | |
-| init_from | INIT_FROM no model folder, weights missing, another architecture or shape than the variant trains | a complete checkpoint in CHECKPOINT_DIR wins over INIT_FROM |
-| export_dir | EXPORT_DIR inside CHECKPOINT_DIR; less free space than the export needs | |
-| dataset | DATASET missing, empty, without DATASET_FIELD in its first record; a Hub id while offline | |
+| dataset | a Hub id while offline | |
 """
 
-import importlib.metadata
 import importlib.util
+import json
 import os
-import re
 import resource
-import shutil
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 
-from entrypoint import checkpoints, fetch_assets, hf_folder, models, names
+from entrypoint import fetch_assets
 from entrypoint.contract import Settings
 from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
 from entrypoint.plan import CACHE_VARS as CACHE_VARS_BY_KIND
-from entrypoint.plan import RECIPES, REPO, Plan, init_source
-from entrypoint.variants import VARIANTS
+from entrypoint.plan import Plan
+from entrypoint.variants import RECIPE_MODULE
 
-CHECKED = ("torch", "torch-neuronx", "transformers", "torchtitan")
-IMAGE_BUILD = "image-build.lock"  # written by the image build (ci/image/record-build.py); only in the image
-IMAGE_LOCK = "requirements.lock"  # what the image installs on top of the Neuron DLC
-HOST_LOCK = "requirements-torch.lock"  # the torch of hosts without the DLC (dev machines, CI, the stand-in base)
+REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the locks; in the image, image-build.lock too
+
 SHM_MIN_BYTES = 1 << 30
 NOFILE_MIN = 65536
+MANY_PROCESSES = 16  # below it, the 65536 open files that 64 ranks need cannot matter
+# Device memory per logical NeuronCore on trn2 (96 GiB per device) by NEURON_LOGICAL_NC_CONFIG.
+NEURON_GIB_PER_CORE = {1: 12, 2: 24}
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 CACHE_VARS = sorted({name for per_kind in CACHE_VARS_BY_KIND.values() for name in per_kind})
-PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
 
 @dataclass(frozen=True)
@@ -56,70 +56,6 @@ def fail(text):
 
 def warn(text):
     return Finding(False, text)
-
-
-def _name(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def pins(path) -> dict:
-    """{normalised name: {versions}} of the `name==version` lines of a pip lock (several when markers differ)."""
-    found = {}
-    with open(path) as f:
-        for line in f:
-            match = PIN.match(line)
-            if match:
-                found.setdefault(_name(match[1]), set()).add(match[2])
-    return found
-
-
-def _same(installed, pinned):
-    """pip's `==` rule: a pin without a local label (+cpu) accepts any local label."""
-    return installed == pinned or ("+" not in pinned and installed.split("+")[0] == pinned)
-
-
-def built_with(lock_dir=REPO) -> str | None:
-    """The TORCHTITAN build arg the image was built with (its label, recorded in IMAGE_BUILD); None outside an image."""
-    try:
-        with open(os.path.join(lock_dir, IMAGE_BUILD)) as f:
-            return next((line.split("=", 1)[1].strip() for line in f if line.startswith("# TORCHTITAN=")), None)
-    except FileNotFoundError:
-        return None
-
-
-def versions(lock_dir=REPO, version=importlib.metadata.version, neuron_dlc=None) -> list:
-    """The installed versions of CHECKED against what the image was built with, else against the locks.
-
-    In the image, IMAGE_BUILD records the base's torch and torch-neuronx (no lock pins them: they come with the DLC)
-    and the torchtitan of its TORCHTITAN build arg (the fork replaces the lock's 0.3.0); its versions come first.
-    requirements-torch.lock pins the torch of hosts without the Neuron DLC, so it is not read where torch_neuronx
-    is installed. A missing lock is a warning and skips its pins; IMAGE_BUILD exists only in the image."""
-    if neuron_dlc is None:
-        neuron_dlc = importlib.util.find_spec("torch_neuronx") is not None
-    findings, pinned = [], {}
-    label = built_with(lock_dir)
-    for lock in (IMAGE_BUILD, IMAGE_LOCK) if neuron_dlc else (IMAGE_BUILD, IMAGE_LOCK, HOST_LOCK):
-        path = os.path.join(lock_dir, lock)
-        try:
-            for name, found in pins(path).items():
-                pinned.setdefault(name, (lock, found))
-        except FileNotFoundError:
-            if lock != IMAGE_BUILD:
-                findings.append(warn(f"no {path}: installed package versions not checked against it"))
-    for name in CHECKED:
-        if name not in pinned:
-            continue
-        lock, wanted = pinned[name]
-        source = f"{lock} (this image was built with TORCHTITAN={label})" if lock == IMAGE_BUILD else lock
-        try:
-            have = version(name)
-        except importlib.metadata.PackageNotFoundError:
-            findings.append(fail(f"{name} is not installed but {source} pins {' or '.join(sorted(wanted))}"))
-            continue
-        if not any(_same(have, pin) for pin in wanted):
-            findings.append(fail(f"{name} {have} is installed but {source} pins {' or '.join(sorted(wanted))}: "
-                                 "rebuild the image (or `make venv`), or PREFLIGHT=warn to run anyway"))
-    return findings
 
 
 def runtime(plan: Plan, find_spec=importlib.util.find_spec) -> list:
@@ -141,7 +77,7 @@ def compiler_lnc(flags) -> str | None:
 
 def lnc(plan: Plan, settings: Settings) -> list:
     wanted = compiler_lnc(settings.neuron_cc_flags)
-    if plan.devices.kind != "neuron" or wanted is None or wanted == settings.neuron_logical_nc_config:
+    if plan.devices.kind != "neuron" or wanted is None or wanted == str(settings.neuron_logical_nc_config):
         return []
     return [fail(f"NEURON_CC_FLAGS compiles for --lnc={wanted} but NEURON_LOGICAL_NC_CONFIG="
                  f"{settings.neuron_logical_nc_config}: the compiler and the runtime must agree")]
@@ -155,7 +91,7 @@ def held_cores(plan: Plan) -> list:
     if devices.visible_cores is None:
         used = set(devices.nodes)
     else:  # logical core c sits on device c // (logical cores per device)
-        per_device = PHYSICAL_CORES_PER_DEVICE // (devices.lnc or int(names.LNC_DEFAULT))
+        per_device = PHYSICAL_CORES_PER_DEVICE // (devices.lnc or 2)
         used = {f"neuron{core // per_device}" for core in devices.visible_cores}
     busy = [(node, pid, command) for node, pid, command in devices.held if node in used]
     if not busy:
@@ -166,8 +102,9 @@ def held_cores(plan: Plan) -> list:
                  "with NEURON_RT_VISIBLE_CORES")]
 
 
-def limits(root="/", getrlimit=resource.getrlimit, setrlimit=resource.setrlimit) -> list:
-    """/dev/shm size, open files (raised to the hard limit first: children inherit it), locked memory with EFA."""
+def limits(root="/", processes=MANY_PROCESSES, getrlimit=resource.getrlimit, setrlimit=resource.setrlimit) -> list:
+    """/dev/shm size, open files (raised to the hard limit first: children inherit it; a warning only with many
+    processes on this node), locked memory with EFA."""
     findings = []
     try:
         stat = os.statvfs(os.path.join(root, "dev", "shm"))
@@ -187,7 +124,7 @@ def limits(root="/", getrlimit=resource.getrlimit, setrlimit=resource.setrlimit)
                 soft = target
             except (ValueError, OSError):
                 pass
-        if soft < NOFILE_MIN:
+        if soft < NOFILE_MIN and processes >= MANY_PROCESSES:
             findings.append(warn(f"open-file limit (nofile) is {soft}, below {NOFILE_MIN}: many ranks fail with "
                                  "'Too many open files'; docker run --ulimit nofile=65536:65536"))
     efa = os.path.isdir(os.path.join(root, "dev", "infiniband")) and any(
@@ -249,114 +186,41 @@ def assets(plan: Plan, settings: Settings, absent) -> list:
                  f"fill ASSETS_DIR first (`hf download {repo} --local-dir {plan.assets}`) or unset HF_HUB_OFFLINE")]
 
 
-def memory(plan: Plan) -> list:
-    return [] if plan.parallelism["fits"] else [warn(f"MODEL={plan.model}: {plan.parallelism['why']}")]
-
-
-# the smoke shape of the dense variants as transformers writes it (bundled for the v5 smoke config)
-SMOKE_DENSE_CONFIG = os.path.join(RECIPES, "neuron_qwen3", "assets", "hf_qwen3_tiny")
-EXPORT_BYTES = {"bfloat16": 2, "float32": 4}
-
-
-def trained_config(plan: Plan, settings: Settings) -> dict:
-    """config.json of the shape the run trains, where the launcher can know it without torch: the variant's
-    assets at full scale, the bundled tiny config for the dense smoke twins; else {} (the workers check)."""
-    folder = plan.assets if settings.scale == "full" else (
-        SMOKE_DENSE_CONFIG if VARIANTS[settings.variant].family == "dense" else None)
-    try:
-        return hf_folder.read_config(folder) if folder else {}
-    except ValueError:
-        return {}
-
-
-def init_from(plan: Plan, settings: Settings) -> list:
-    source = init_source(settings, plan.assets)
-    if not source:
-        return []
-    if plan.checkpoint_dir and checkpoints.scan(plan.checkpoint_dir).latest is not None:
-        return [warn(f"INIT_FROM is ignored: CHECKPOINT_DIR {plan.checkpoint_dir} holds a complete checkpoint, "
-                     "and the run resumes from it")]
-    if settings.init_from == "hub":
-        return []  # fetched into the assets folder before the launch
-    try:
-        config = hf_folder.read_config(source)
-        hf_folder.safetensors_files(source)
-    except ValueError as error:
-        return [fail(f"INIT_FROM={settings.init_from!r}: {error}")]
-    wanted = models.HF_MODEL_TYPE[VARIANTS[settings.variant].family]
-    if config.get("model_type") != wanted:
-        return [fail(f"INIT_FROM={settings.init_from!r} holds a {config.get('model_type')!r} model but "
-                     f"VARIANT={settings.variant} trains {wanted!r}")]
-    differs = hf_folder.first_difference(config, trained_config(plan, settings))
-    if differs:
-        name, have, trained = differs
-        return [fail(f"INIT_FROM={settings.init_from!r} has {name}={have!r} but the run trains {name}={trained!r}")]
-    return []
-
-
-def _existing_parent(path):
-    path = os.path.abspath(path)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    return path
-
-
-def export_dir(plan: Plan, settings: Settings) -> list:
-    if not settings.export_dir:
-        return []
-    target = os.path.abspath(settings.export_dir)
-    if plan.checkpoint_dir and os.path.commonpath([target, plan.checkpoint_dir]) == plan.checkpoint_dir:
-        return [fail(f"EXPORT_DIR={settings.export_dir!r} is inside CHECKPOINT_DIR, where a model folder would be "
-                     "taken for a checkpoint: choose another folder")]
-    source = init_source(settings, plan.assets)
-    if not source or not os.path.isdir(source):
-        return []
-    try:
-        needed = hf_folder.parameter_count(source) * EXPORT_BYTES[settings.export_dtype]
-    except (ValueError, OSError):
-        return []
-    free = shutil.disk_usage(_existing_parent(target)).free
-    if free < needed:
-        return [fail(f"EXPORT_DIR={settings.export_dir!r} has {free >> 20} MiB free but the export needs about "
-                     f"{needed >> 20} MiB")]
-    return []
-
-
 def dataset(settings: Settings) -> list:
-    name, field = settings.dataset, settings.dataset_field
-    if not name:
+    name = settings.dataset
+    offline = settings.hf_hub_offline or settings.scale != "full"
+    if not name or name == "c4" and not offline:
         return []
-    offline = settings.hf_hub_offline or settings.scale == "smoke"
-    local = os.path.exists(name) or name.endswith(hf_folder.DATA_SUFFIXES) or name.startswith(("/", ".", "~"))
-    if not local:
-        return [fail(f"DATASET={name!r} is a Hub dataset but the run is offline (HF_HUB_OFFLINE=1 or SCALE=smoke): "
-                     "give a local .jsonl, .json, .parquet or .txt file")] if offline else []
-    if not os.path.exists(name):
+    local = os.path.exists(name) or name.endswith(DATA_SUFFIXES) or name.startswith(("/", ".", "~"))
+    if local and not os.path.exists(name):
         return [fail(f"DATASET={name!r} does not exist")]
-    try:
-        path = hf_folder.data_file(name)
-        record = hf_folder.first_record(path)
-        if record is None:
-            if not hf_folder.parquet_columns_named(path, field):
-                return [fail(f"DATASET={name!r}: {path} has no column DATASET_FIELD={field!r}")]
-            return []
-    except (ValueError, OSError) as error:  # json errors are ValueErrors
-        return [fail(f"DATASET={name!r}: {str(error).splitlines()[0]}")]
-    if field not in record:
-        return [fail(f"DATASET={name!r}: its first record has no field DATASET_FIELD={field!r} "
-                     f"(it has: {', '.join(sorted(record)) or 'none'})")]
-    value = record[field]
-    if isinstance(value, list) and [m.get("role") for m in value if isinstance(m, dict)] != ["user", "assistant"]:
-        return [fail(f"DATASET={name!r}: chat records must hold one user and one assistant message (torchtitan "
-                     "0.3.0's ChatDataset), the first holds roles "
-                     f"{[m.get('role') if isinstance(m, dict) else m for m in value]}")]
+    if not local and offline:
+        return [fail(f"DATASET={name!r} is a Hub dataset but the run is offline (HF_HUB_OFFLINE=1 or SCALE="
+                     f"{settings.scale}): give a local .jsonl, .json, .parquet or .txt file")]
     return []
 
 
-def run(plan: Plan, settings: Settings, environ, absent) -> list:
-    """Every check, in order; the caller prints them and stops on a fatal one (unless PREFLIGHT=warn). `absent`:
-    missing_assets(), which the caller also uses to decide the fetch."""
+def run(plan: Plan, settings: Settings, environ, absent, root="/") -> list:
+    """Every stdlib check, in order; the caller prints them and stops on a fatal one (unless PREFLIGHT=warn).
+    `absent`: missing_assets(), which the caller also uses to decide the fetch."""
     fetching = bool(absent) and not settings.hf_hub_offline
-    return [*versions(), *runtime(plan), *lnc(plan, settings), *held_cores(plan), *memory(plan),
-            *limits(settings.neuron_qwen3_root), *writable(plan, settings, environ, fetching),
-            *assets(plan, settings, absent), *init_from(plan, settings), *export_dir(plan, settings), *dataset(settings)]
+    return [*runtime(plan), *lnc(plan, settings), *held_cores(plan), *limits(root, plan.nproc),
+            *writable(plan, settings, environ, fetching), *assets(plan, settings, absent), *dataset(settings)]
+
+
+def recipes_pass(plan: Plan, settings: Settings, environ, print_config=False, check_files=True, fix=False):
+    """(findings, answer) of the recipes' pre-launch pass over the workers' exact arguments, in a child
+    interpreter (it imports torch and torchtitan: seconds). `fix`: node 0 moves broken checkpoints aside."""
+    memory = NEURON_GIB_PER_CORE[settings.neuron_logical_nc_config] if plan.devices.kind == "neuron" else None
+    request = {"args": list(plan.worker_args), "model": plan.model, "variant": plan.variant, "locks": REPO,
+               "ranks": plan.nproc * plan.rendezvous.nnodes, "memory_gib": memory, "print_config": print_config,
+               "check_files": check_files, "fix_checkpoints": fix, "node_rank": plan.rendezvous.node_rank}
+    env = {**{name: value for name, value in environ.items() if name != "HF_TOKEN"}, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-m", f"{RECIPE_MODULE}.preflight"], input=json.dumps(request),
+                            capture_output=True, text=True, env=env)
+    try:
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        return [fail(f"the pre-launch pass failed (exit {result.returncode}): {tail}")], {}
+    return [*map(fail, answer["problems"]), *map(warn, answer["warnings"])], answer

@@ -35,7 +35,7 @@ class Rendezvous:
     endpoint: str  # host:port; `127.0.0.1:0` on one node (torchrun picks a free port)
     run_id: str | None  # None on one node
     sources: dict  # field -> the variable it came from, for the plan and the error lines
-    nproc_per_node: int | None  # PET_NPROC_PER_NODE when it is a number; `auto` and unset are None
+    nproc_per_node: int | None  # PET_NPROC_PER_NODE; `auto` and unset are None
     local_addr: str | None = None  # this node's address for its peers; 127.0.0.1 on one node
 
     def torchrun_args(self) -> list:
@@ -64,7 +64,7 @@ def resolve(settings: Settings) -> Rendezvous:
     nnodes, nnodes_from = _first(("NNODES", s.nnodes), ("PET_NNODES", s.pet_nnodes), ("SLURM_NNODES", s.slurm_nnodes))
     rank, rank_from = _first(("NODE_RANK", s.node_rank), ("PET_NODE_RANK", s.pet_node_rank),
                              ("SLURM_NODEID", s.slurm_nodeid))
-    nproc = s.pet_nproc_per_node if isinstance(s.pet_nproc_per_node, int) else None
+    nproc = s.pet_nproc_per_node
     if nnodes in (None, 1):
         if rank not in (None, 0):
             raise UsageError(f"{rank_from}={rank} but the job has one node: node ranks start at 0")

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from entrypoint import names
+from entrypoint import selftest
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
@@ -14,8 +14,8 @@ SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 
 def worker_env(**extra) -> dict:
-    """The environment the launcher gives a worker: recipes importable, offline, unbuffered."""
-    env = dict(os.environ, PYTHONPATH=str(RECIPES), PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    """The environment the launcher gives a smoke worker: offline, unbuffered."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     env.update(extra)
     return env
 
@@ -31,8 +31,8 @@ def run_scenario(name: str, *args: str, nproc: int = 1, timeout: int = 300) -> s
     return subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-ANSI = re.compile(names.COLOUR)  # torchtitan colours its log lines
-STEP_LOSS = re.compile(names.LOSS_LINE)  # `step: N  loss: X`, the one pattern the launcher and tests read
+ANSI = re.compile(selftest.COLOUR)  # torchtitan colours its log lines
+STEP_LOSS = re.compile(selftest.LOSS_LINE)  # `step: N  loss: X`, the one pattern the launcher and tests read
 
 
 def stand_in(tmp_path, package: str, source: str, **env) -> dict:
@@ -42,3 +42,12 @@ def stand_in(tmp_path, package: str, source: str, **env) -> dict:
     folder.mkdir(parents=True)
     (folder / "__init__.py").write_text(source)
     return {"PYTHONPATH": f"{folder.parent}{os.pathsep}{REPO}", "PATH": os.environ["PATH"], **env}
+
+
+# `python -m entrypoint ARGS` with discovery and the /dev checks looking under ROOT (a fake /dev), as cli.main's
+# `root` parameter allows: the launcher exactly as the container runs it, on any host.
+ROOTED = "import sys; from entrypoint import cli; sys.exit(cli.main(sys.argv[2:], root=sys.argv[1]))"
+
+
+def launcher_at(root, *args) -> list:
+    return [sys.executable, "-c", ROOTED, str(root), *args]

@@ -5,7 +5,8 @@ tokenizer and config, and a sharded model of two safetensors behind an index) an
 sizes), prints the token where a careless library might, and logs every download to $FAKE_HUB_LOG. Knobs:
 FAKE_HUB_FAIL (a 401 naming the token), FAKE_HUB_SKIP (a file whose name contains it is left out),
 FAKE_HUB_SHARD_BYTES (the size model_info gives each shard). Also the launcher run in-process with the fetch child
-real and torchrun recorded, which both fetch test files drive.
+real and the recipes' pre-launch pass and torchrun recorded (the stand-in would be their huggingface_hub too),
+which both fetch test files drive.
 """
 
 import json
@@ -13,7 +14,7 @@ import os
 
 from conftest import stand_in
 
-from entrypoint import cli, launch
+from entrypoint import cli, launch, preflight
 
 TOKEN = "hf_secret_do_not_print"
 SOURCE = '''
@@ -58,13 +59,13 @@ def asked(tmp_path) -> list:
 
 
 def full_scale(hub, tmp_path, **extra) -> dict:
-    return {**hub, "NEURON_QWEN3_ROOT": str(tmp_path), "SCALE": "full", "ASSETS_DIR": str(tmp_path / "assets"),
+    return {**hub, "DEVICE": "cpu", "SCALE": "full", "ASSETS_DIR": str(tmp_path / "assets"),
             "CACHE_DIR": str(tmp_path / "cache"), "OUTPUT_DIR": str(tmp_path / "out"), **extra}
 
 
 def run_launcher(monkeypatch, capsys, environ):
-    """cli.main in this process: the fetch child runs for real, torchrun is replaced by a recorder."""
-    monkeypatch.setattr(os, "environ", environ)
+    """cli.main in this process: the fetch child runs for real; the pre-launch pass and torchrun are recorded."""
+    monkeypatch.setattr(preflight, "recipes_pass", lambda *args, **kwargs: ([], {"lines": []}))
     real_run, launched = launch.run, []
 
     def run(argv, child_env, grace):
@@ -75,6 +76,6 @@ def run_launcher(monkeypatch, capsys, environ):
 
     monkeypatch.setattr(launch, "run", run)
     monkeypatch.setattr(launch, "watch", lambda: None)  # leave pytest's own signal handlers alone
-    code = cli.main([])
+    code = cli.main([], environ)
     out, err = capsys.readouterr()
     return code, out, err, launched

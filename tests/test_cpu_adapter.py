@@ -19,7 +19,7 @@ def test_device_is_cpu_only_with_adapter():
     assert upstream.returncode != 0 and "NVIDIA driver" in upstream.stderr + upstream.stdout
     patched = run_scenario("device_selection", "patched")
     assert patched.returncode == 0, patched.stderr
-    assert "device_type=cpu local_device=cpu:0" in patched.stdout
+    assert "device_type=cpu copied=cpu local_device=cpu:0" in patched.stdout
     peak = float(re.search(r"peak_gib=([\d.]+)", patched.stdout).group(1))
     assert 0.05 < peak < 8, "peak memory should be this process's resident set"
 

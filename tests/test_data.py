@@ -12,7 +12,6 @@ import sys
 import pytest
 
 from conftest import REPO, worker_env
-
 from entrypoint import contract, preflight
 
 ASSISTANT = "Paris is the capital."
@@ -33,8 +32,17 @@ def write_parquet(path, rows):
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "no field", "parquet no field", "hub offline", "three turns"])
-def test_bad_dataset_is_one_fatal_line(tmp_path, case):
+def test_a_missing_file_or_an_offline_hub_id_is_one_fatal_line_of_the_launcher(tmp_path):
+    for dataset in (str(tmp_path / "missing.jsonl"), "someone/their-data"):
+        findings = preflight.dataset(contract.parse({"SCALE": "smoke", "DATASET": dataset}))
+        assert [f.fatal for f in findings] == [True] and findings[0].text.startswith(f"DATASET={dataset!r}")
+    assert preflight.dataset(contract.parse({"SCALE": "full", "DATASET": "someone/their-data"})) == []
+
+
+@pytest.mark.parametrize("case", ["empty", "no field", "parquet no field", "three turns"])
+def test_records_that_cannot_train_are_one_line_of_the_pre_launch_pass(tmp_path, case):
+    from neuron_qwen3 import data
+
     path = tmp_path / "data.jsonl"
     if case == "empty":
         path.write_text("")
@@ -45,20 +53,18 @@ def test_bad_dataset_is_one_fatal_line(tmp_path, case):
         write_parquet(path, [{"body": "words"}])
     elif case == "three turns":
         path.write_text(json.dumps({"messages": RECORD["messages"] * 2}) + "\n")
-    dataset = "someone/their-data" if case == "hub offline" else str(path)
-    field = "messages" if case == "three turns" else "text"
-    settings = contract.parse({"SCALE": "smoke", "DATASET": dataset, "DATASET_FIELD": field})
-    findings = preflight.dataset(settings)
-    assert [f.fatal for f in findings] == [True] and "\n" not in findings[0].text, findings
-    assert findings[0].text.startswith(f"DATASET={dataset!r}")
+    problem = data.scan(str(path), "messages" if case == "three turns" else "text")
+    assert problem and "\n" not in problem and problem.startswith(str(path)), problem
 
 
 def test_good_datasets_pass(tmp_path):
+    from neuron_qwen3 import data
+
     (tmp_path / "chat.jsonl").write_text(json.dumps(RECORD) + "\n")
     write_parquet(tmp_path / "text.parquet", [{"text": "words"}])
     for name, field in (("chat.jsonl", "messages"), ("text.parquet", "text")):
-        settings = contract.parse({"SCALE": "smoke", "DATASET": str(tmp_path / name), "DATASET_FIELD": field})
-        assert preflight.dataset(settings) == []
+        assert data.scan(str(tmp_path / name), field) is None
+        assert preflight.dataset(contract.parse({"SCALE": "smoke", "DATASET": str(tmp_path / name)})) == []
 
 
 def test_launcher_exits_2_before_torchrun(tmp_path):
@@ -67,31 +73,31 @@ def test_launcher_exits_2_before_torchrun(tmp_path):
     lines = [line for line in result.stderr.splitlines() if "warning:" not in line]
     assert lines == [f"entrypoint: DATASET='{tmp_path / 'missing.jsonl'}' does not exist"], result.stderr
     assert "torch.distributed.run" not in result.stdout  # nothing launched
+    (tmp_path / "no-field.jsonl").write_text(json.dumps({"body": "words"}) + "\n")
+    result = launcher(tmp_path, DATASET=str(tmp_path / "no-field.jsonl"))
+    assert result.returncode == 2 and "torch.distributed.run" not in result.stdout
+    assert [line for line in result.stderr.splitlines() if "warning:" not in line] == [
+        f"entrypoint: DATASET: {tmp_path / 'no-field.jsonl'}: its first record has no field 'text' (it has: body)"]
 
 
-def test_parquet_footer_names_its_columns(tmp_path):
-    from entrypoint import hf_folder
+@pytest.mark.training  # builds torchtitan's datasets: seconds, too slow for make test-fast
+def test_loader_follows_the_records(tmp_path):
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+    from torchtitan.hf_datasets.text_datasets import ChatDataset, HuggingFaceTextDataset
 
-    write_parquet(tmp_path / "a.parquet", [{"text": "x", "context": "y"}])
-    assert hf_folder.parquet_columns_named(str(tmp_path / "a.parquet"), "text")
-    assert not hf_folder.parquet_columns_named(str(tmp_path / "a.parquet"), "tex")
-
-
-@pytest.mark.training  # imports torchtitan and datasets: seconds, too slow for make test-fast
-def test_loader_follows_the_records(tmp_path, monkeypatch):
-    from torchtitan.hf_datasets.text_datasets import ChatDataLoader, HuggingFaceTextDataLoader
-
-    from neuron_qwen3 import data
+    from neuron_qwen3 import config_registry, data
 
     text, chat = tmp_path / "text.jsonl", tmp_path / "chat.jsonl"
-    text.write_text(json.dumps({"body": "words"}) + "\n")
+    text.write_text(json.dumps({"body": "words " * 200}) + "\n")
     chat.write_text(json.dumps(RECORD) + "\n")
-    default = HuggingFaceTextDataLoader.Config(dataset="c4")
-    assert data.from_env(default, {}) is default
-    loader = data.from_env(default, {"DATASET": str(text), "DATASET_FIELD": "body"})
-    assert isinstance(loader, HuggingFaceTextDataLoader.Config) and loader.dataset == data.REGISTERED
-    assert isinstance(data.from_env(default, {"DATASET": str(chat), "DATASET_FIELD": "messages"}),
-                      ChatDataLoader.Config)
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(config_registry.SMOKE_TOKENIZER))
+
+    def built(source, field):
+        return data.DataLoader.Config(source=str(source), field=field).build(
+            dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=16, local_batch_size=1)
+
+    assert isinstance(built(text, "body").dataset, HuggingFaceTextDataset)
+    assert isinstance(built(chat, "messages").dataset, ChatDataset)
     with pytest.raises(ValueError):
         data.local_files(str(tmp_path / "nothing.csv"))
 

@@ -1,6 +1,6 @@
 """`python -m entrypoint` as the container runs it: exit codes, one-line errors, dry runs, signals, no torch.
 
-Subprocess tests get a controlled environment and a fake device root (NEURON_QWEN3_ROOT).
+Subprocess tests get a controlled environment and a fake device root (cli.main's `root`, conftest.launcher_at).
 Run: .venv/bin/python -m pytest tests/test_entrypoint_cli.py -q
 """
 
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOTED
 from entrypoint import cli, contract, launch
-from entrypoint.models import MODELS
 from entrypoint.variants import VARIANTS
+from neuron_qwen3.shapes import MODELS
 
 REPO = Path(__file__).resolve().parent.parent
 VAR = {var.name: var for var in contract.VARS}
@@ -25,9 +26,8 @@ HAS_TORCH_NEURONX = bool(subprocess.run([sys.executable, "-c", "import importlib
 
 
 def entrypoint(*args, root, python_flags=(), **env):
-    return subprocess.run([sys.executable, *python_flags, "-m", "entrypoint", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=60,
-                          env={"PATH": os.environ["PATH"], "NEURON_QWEN3_ROOT": str(root), **env})
+    return subprocess.run([sys.executable, *python_flags, "-c", ROOTED, str(root), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env={"PATH": os.environ["PATH"], **env})
 
 
 def neuron_tree(root, devices=0, *names):
@@ -73,13 +73,17 @@ def test_gap_in_device_numbers(tmp_path):
 
 def test_dry_run_on_four_neuron_devices_needs_no_torch_neuronx(tmp_path):
     result = entrypoint("--dry-run", root=neuron_tree(tmp_path, 4), HF_TOKEN="hf_do_not_print",
-                        EXTRA_ARGS="--job.description hf_do_not_print")
+                        EXTRA_ARGS="--metrics.save_tb_folder hf_do_not_print")
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)
     assert (shown["devices"]["kind"], shown["devices"]["count"], shown["nproc"]) == ("neuron", 16, 16)
     assert "--nproc_per_node=16" in shown["argv"] and shown["argv"][-1] == "***"
     assert shown["env"]["NEURON_LOGICAL_NC_CONFIG"] == "2"
     assert "hf_do_not_print" not in result.stdout + result.stderr
+    config = shown["torchtitan_config"]  # the config the workers will run, from the recipes' own pass
+    assert (config["device"], config["report"]["config"], config["training"]["steps"]) == (
+        "neuron", "native_qwen3_4b", 10)
+    assert shown["model_size"]["parameters"] == 4022468096 and shown["model_size"]["fits"]
 
 
 @pytest.mark.skipif(HAS_TORCH_NEURONX, reason="torch_neuronx is installed here")
@@ -100,8 +104,8 @@ def test_dry_run_does_not_import_torch(tmp_path):
 
 def test_every_launcher_module_is_stdlib_only():
     """The launch path (preflight, checkpoints, assets, rendezvous, launch) imports nothing outside the stdlib."""
-    code = ("import sys, sysconfig; import entrypoint.cli, entrypoint.preflight, entrypoint.checkpoints, "
-            "entrypoint.fetch_assets, entrypoint.rendezvous, entrypoint.launch; "
+    code = ("import sys, sysconfig; import entrypoint.cli, entrypoint.preflight, entrypoint.selftest, "
+            "entrypoint.fetch_assets, entrypoint.rendezvous, entrypoint.launch, entrypoint.lease; "
             "roots = {sysconfig.get_path(k) for k in ('stdlib', 'platstdlib')}; "
             "print('\\n'.join(m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None) "
             "and not any(m.__file__.startswith(r) for r in roots)))")
@@ -115,25 +119,27 @@ def test_list_and_help(tmp_path):
     listed = entrypoint("--list", root=tmp_path).stdout.splitlines()
     for line, variant in zip(listed, VARIANTS.values()):
         assert line.startswith(variant.name) and variant.summary in line
-        assert all(config in line for config in (*variant.configs.values(), variant.any_model_config))
+        assert all(config in line for config in (*variant.configs.values(), variant.model_config))
     assert [line.split()[0] for line in listed[len(VARIANTS) + 2:]] == list(MODELS)
     helped = entrypoint("--help", root=tmp_path)
     assert helped.returncode == 0
-    for var in contract.VARS:  # the name, its default and what it accepts, as the README's table
-        assert f"  {var.name}  (default: {var.default or '-'}; accepts: {var.allowed})" in helped.stdout
+    for var in contract.VARS:  # the name, its default, what it accepts and the flag it sets, as the docs' tables
+        flag = f"; sets {var.flag}" if var.flag else ""
+        assert f"  {var.name}  (default: {var.default or '-'}; accepts: {var.allowed}{flag})" in helped.stdout
 
 
 def test_launch_line_redacts_the_token_and_returns_the_child_status(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(launch, "watch", lambda: None)  # leave pytest's own signal handlers alone
-    monkeypatch.setattr(os, "environ", {"NEURON_QWEN3_ROOT": str(tmp_path), "HF_TOKEN": "hf_do_not_print",
-                                        "EXTRA_ARGS": "--x hf_do_not_print", "SCALE": "smoke",
-                                        "CACHE_DIR": str(tmp_path / "cache"), "OUTPUT_DIR": str(tmp_path / "out")})
+    environ = {"PATH": os.environ["PATH"], "HF_TOKEN": "hf_do_not_print", "EXTRA_ARGS": "--x.y hf_do_not_print",
+               "SCALE": "smoke", "CACHE_DIR": str(tmp_path / "cache"), "OUTPUT_DIR": str(tmp_path / "out"),
+               "PREFLIGHT": "warn"}  # --x.y is no flag of the config: the pre-launch pass says so, as a warning here
     launched = []
     monkeypatch.setattr(launch, "run", lambda argv, env, grace: launched.append((argv, env, grace)) or 5)
-    assert cli.main([]) == 5
-    line = capsys.readouterr().out
+    assert cli.main([], environ, root=str(tmp_path)) == 5
+    line, err = capsys.readouterr()
     assert line.count("\n") == 1 and "torch.distributed.run" in line
-    assert "hf_do_not_print" not in line and line.rstrip().endswith("--x ***")
+    assert "hf_do_not_print" not in line + err and line.rstrip().endswith("--x.y ***")
+    assert "warning: torchtitan arguments: Unrecognized options: --x.y, ***" in err
     assert "HF_TOKEN" not in launched[0][1]  # only the asset fetch gets it
     assert launched[0][2] == int(VAR["STOP_GRACE"].default)
 
@@ -224,7 +230,7 @@ def test_sigterm_during_discovery_exits_143_and_launches_nothing(tmp_path):
 
 def test_a_token_with_a_trailing_newline_is_redacted_too():
     """A Kubernetes secret made from a file keeps its newline; the token still shows up in text without it."""
-    token = "hf_from_a_file\n"
-    assert contract.redact("--x hf_from_a_file --y", token) == "--x *** --y"
-    assert contract.redact(f"env HF_TOKEN={token}", token) == "env HF_TOKEN=***"
-    assert contract.redact("nothing", " \n") == "nothing"
+    env = {"HF_TOKEN": "hf_from_a_file\n"}
+    assert contract.redact("--x hf_from_a_file --y", env) == "--x *** --y"
+    assert contract.redact(f"env HF_TOKEN={env['HF_TOKEN']}", env) == "env HF_TOKEN=***"
+    assert contract.redact("nothing", {"HF_TOKEN": " \n"}) == "nothing"

@@ -65,7 +65,9 @@ BAD = [("VARIANT", "foo"), ("VARIANT", ""), ("SCALE", "huge"), ("COMPILE", "mayb
        ("NEURON_RT_VISIBLE_CORES", ""), ("NEURON_RT_VISIBLE_CORES", "1,,2"), ("NEURON_RT_VISIBLE_CORES", "3-"),
        ("NEURON_RT_VISIBLE_CORES", "-3"), ("EXTRA_ARGS", "--a 'open"), ("CHECKPOINT_INTERVAL", "0"),
        ("CHECKPOINT_KEEP", "1"), ("CHECKPOINT_KEEP", "-2"), ("MAX_RESTARTS", "-1"), ("STOP_GRACE", "0"),
-       ("STOP_GRACE", "1.5"), ("PREFLIGHT", "off"), ("HF_HUB_OFFLINE", "maybe"), ("NEURON_CC_FLAGS", "--lnc='2")]
+       ("STOP_GRACE", "1.5"), ("PREFLIGHT", "off"), ("HF_HUB_OFFLINE", "maybe"), ("NEURON_CC_FLAGS", "--lnc='2"),
+       ("MODEL", "Qwen/Qwen2-7B"), ("MODEL", "meta-llama/Llama-3-8B"), ("MODEL", "Qwen/Qwen3-8b"),
+       ("NEURON_QWEN3_MOE_KERNEL", "NKI")]
 
 
 @pytest.mark.parametrize("name, raw", BAD)
@@ -75,8 +77,29 @@ def test_bad_value_names_variable_value_and_allowed(name, raw):
     assert str(error.value) == f"{name}={raw!r} is not {VAR[name].allowed}"
 
 
-def test_token_is_redacted_and_kept_out_of_repr():
-    settings = contract.parse({"HF_TOKEN": "hf_secret"})
-    assert "hf_secret" not in repr(settings)
-    assert contract.redact("a hf_secret b", "hf_secret") == "a *** b"
-    assert contract.redact("a b", None) == "a b"
+def test_secrets_are_redacted_and_kept_out_of_repr():
+    env = {"HF_TOKEN": "hf_secret\n", "WANDB_API_KEY": "wandb_key"}
+    settings = contract.parse(env)
+    assert "hf_secret" not in repr(settings) and "wandb_key" not in repr(settings)
+    assert contract.redact("a hf_secret b wandb_key", env) == "a *** b ***"
+    assert contract.redact("a b", {}) == "a b"
+
+
+def test_values_are_parsed_to_their_final_types():
+    settings = contract.parse({"NEURON_LOGICAL_NC_CONFIG": "1", "PET_NPROC_PER_NODE": "auto", "MODEL": "Qwen/Qwen3-8B"})
+    assert settings.neuron_logical_nc_config == 1 and settings.pet_nproc_per_node is None
+    assert contract.parse({"PET_NPROC_PER_NODE": "8"}).pet_nproc_per_node == 8
+    fields = {field.name: field.type for field in dataclasses.fields(settings)}
+    assert fields["neuron_logical_nc_config"] == int | None and fields["compile"] == bool | None
+    assert fields["extra_args"] == tuple | None and fields["model"] == str | None
+
+
+@pytest.mark.parametrize("model", ["Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B-Base", "Qwen/Qwen3-30B-A3B-Instruct-2507"])
+def test_model_takes_any_qwen3_hub_id(model):
+    assert contract.parse({"MODEL": model}).model == model
+
+
+def test_the_docs_table_lists_each_variable_with_its_flag():
+    table = contract.markdown({"run"}).splitlines()
+    steps = next(row for row in table if row.startswith("| `STEPS` |"))
+    assert "`--training.steps`" in steps and len(table) == 2 + sum(var.group == "run" for var in contract.VARS)

@@ -21,7 +21,7 @@ def tree(root, *names):
 
 
 def discover(root, neuron_ls=lambda: pytest.fail("neuron-ls consulted for a fake root"), **env):
-    return discovery.discover(contract.parse({"NEURON_QWEN3_ROOT": str(root), **env}), neuron_ls)
+    return discovery.discover(contract.parse(env), str(root), neuron_ls)
 
 
 def neurons(n):

@@ -71,7 +71,7 @@ def test_release_leaves_a_lease_taken_over_by_another(tmp_path):
 
 def test_a_second_launcher_on_a_live_checkpoint_dir_starts_nothing(tmp_path):
     held_by(tmp_path / "ckpt", host="other-node", pid=1, job="first-job")
-    env = {"PATH": os.environ["PATH"], "NEURON_QWEN3_ROOT": str(tmp_path), "SCALE": "smoke", "PREFLIGHT": "warn",
+    env = {"PATH": os.environ["PATH"], "DEVICE": "cpu", "SCALE": "smoke", "PREFLIGHT": "warn",
            "CHECKPOINT_DIR": str(tmp_path / "ckpt"), "OUTPUT_DIR": str(tmp_path / "out"),
            "CACHE_DIR": str(tmp_path / "cache"), "SLURM_JOB_ID": "second-job"}
     result = subprocess.run([sys.executable, "-m", "entrypoint"], cwd=REPO, env=env, capture_output=True, text=True,

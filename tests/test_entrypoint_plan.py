@@ -5,7 +5,6 @@ Run: .venv/bin/python -m pytest tests/test_entrypoint_plan.py -q
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -40,13 +39,13 @@ def after(argv, flag):
 def test_article_launch_for_every_platform_variant_and_scale(kind, variant, scale):
     p = build(kind, VARIANT=variant.name, SCALE=scale)
     nproc = 1 if kind == "cpu" else DEVICES[kind].count
-    worker = {"cpu": "neuron_qwen3.cpu_worker", "neuron": "neuron_qwen3.neuron_worker"}.get(kind, "neuron_qwen3.trainer")
+    config = variant.configs["bench_cpu" if (kind, scale) == ("cpu", "bench") else scale]
     n = 6 + len(ARTICLE)
     assert list(p.argv[:n]) == [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *ARTICLE,
-                                "-m", worker]
-    assert p.argv[n:n + 4] == ("--module", RECIPE_MODULE, "--config", variant.configs[scale])
-    assert (p.variant, p.scale, p.module, p.config, p.nproc) == (variant.name, scale, RECIPE_MODULE,
-                                                                  variant.configs[scale], nproc)
+                                "-m", "torchtitan.train"]  # the article's worker on every device
+    assert p.argv[n:n + 5] == ("--module", RECIPE_MODULE, "--config", config, f"--device={kind}")
+    assert p.worker_args == p.argv[n:]
+    assert (p.variant, p.scale, p.module, p.config, p.nproc) == (variant.name, scale, RECIPE_MODULE, config, nproc)
     assert after(p.argv, "--dump_folder") == os.path.abspath("outputs")
     if scale == "full":
         assert after(p.argv, "--hf_assets_path") == os.path.abspath(f"assets/hf/{variant.hf_repo.split('/')[-1]}")
@@ -59,7 +58,7 @@ def test_article_launch_for_every_platform_variant_and_scale(kind, variant, scal
 @pytest.mark.parametrize("kind, backend", [("neuron", "neuron"), ("cuda", "inductor"), ("cpu", "inductor")])
 def test_compile_backend_per_platform(kind, backend):
     argv = build(kind, COMPILE="on").argv
-    assert argv[argv.index("--compile.enable") + 1:][:2] == ("--compile.backend", backend)
+    assert argv[argv.index("--compile.enable") + 1] == f"--compile.backend={backend}"
 
 
 def test_steps_paths_and_extra_args_last():
@@ -71,22 +70,20 @@ def test_steps_paths_and_extra_args_last():
 
 
 def test_environment_on_each_platform():
-    repo = Path(plan.__file__).resolve().parent.parent
-    path = os.pathsep.join((str(repo / "recipes"), str(repo)))  # the recipes, and the entrypoint modules they read
+    """Only what the workers' runtimes read: every setting of the run itself is a flag."""
     cache = os.path.abspath("./cache/native")  # one folder per variant
     neuron = build("neuron", NEURON_RT_VISIBLE_CORES="0-63").env
-    assert neuron == {"PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "MODEL": "Qwen/Qwen3-4B", "NEURON_LOGICAL_NC_CONFIG": "2",
-                      "NEURON_RT_VISIBLE_CORES": "0-63", "TORCH_NEURONX_NEFF_CACHE_DIR": f"{cache}/neff",
-                      "TORCH_NEURONX_HLO_CACHE_DIR": f"{cache}/hlo", "NKI_COMPILE_CACHE_URL": f"{cache}/nki"}
+    assert neuron == {"PYTHONUNBUFFERED": "1", "NEURON_LOGICAL_NC_CONFIG": "2", "NEURON_RT_VISIBLE_CORES": "0-63",
+                      "TORCH_NEURONX_NEFF_CACHE_DIR": f"{cache}/neff", "TORCH_NEURONX_HLO_CACHE_DIR": f"{cache}/hlo",
+                      "NKI_COMPILE_CACHE_URL": f"{cache}/nki"}
     assert build("cuda", CACHE_DIR="/c", VARIANT="v5", SCALE="smoke").env == {
-        "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
         "TORCHINDUCTOR_CACHE_DIR": "/c/v5/inductor"}
     assert build("cpu", NPROC="1").env["OMP_NUM_THREADS"] == str(os.cpu_count())
 
 
 def test_variables_already_set_are_kept():
-    env = build("neuron", PYTHONPATH="/mine", TORCH_NEURONX_NEFF_CACHE_DIR="/n", NKI_COMPILE_CACHE_URL="/k").env
-    assert env["PYTHONPATH"].split(os.pathsep)[2:] == ["/mine"]
+    env = build("neuron", TORCH_NEURONX_NEFF_CACHE_DIR="/n", NKI_COMPILE_CACHE_URL="/k").env
     assert "TORCH_NEURONX_NEFF_CACHE_DIR" not in env and "NKI_COMPILE_CACHE_URL" not in env
     assert "OMP_NUM_THREADS" not in build("cpu", OMP_NUM_THREADS="3").env
     assert "TORCHINDUCTOR_CACHE_DIR" not in build("cpu", TORCHINDUCTOR_CACHE_DIR="/i").env
@@ -105,7 +102,7 @@ def test_checkpoints_only_when_a_directory_is_given():
     p = build("neuron", CHECKPOINT_DIR="ckpt", CHECKPOINT_INTERVAL="25", CHECKPOINT_KEEP="4", EXTRA_ARGS="--x 1")
     assert p.checkpoint_dir == os.path.abspath("ckpt")
     assert after(p.argv, "--checkpoint.folder") == os.path.abspath("ckpt")  # torchtitan would put a relative
-    assert after(p.argv, "--checkpoint.interval") == "25"                  # one under --dump_folder
+    assert after(p.argv, "--checkpoint.interval") == "25"  # one under --dump_folder
     assert after(p.argv, "--checkpoint.keep_latest_k") == "4"
     assert "--checkpoint.enable" in p.argv and "--checkpoint.no-last-save-model-only" in p.argv
     assert p.argv[-2:] == ("--x", "1")  # EXTRA_ARGS still last
@@ -144,3 +141,34 @@ def test_each_variant_has_its_own_cache_folders():
     envs = [build("neuron", VARIANT=v, CACHE_DIR="/c").env for v in VARIANTS]
     assert [env["TORCH_NEURONX_NEFF_CACHE_DIR"] for env in envs] == [f"/c/{v}/neff" for v in VARIANTS]
     assert [env["NKI_COMPILE_CACHE_URL"] for env in envs] == [f"/c/{v}/nki" for v in VARIANTS]
+
+
+def test_every_variable_set_reaches_the_workers_as_its_flag(tmp_path):
+    """The contract's flag column is what the plan does: each variable's flag(s) in the workers' arguments."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("{}")
+    environ = {"STEPS": "3", "COMPILE": "1", "MODEL": "Qwen/Qwen3-8B", "INIT_FROM": "/w", "EXPORT_DIR": "e",
+               "EXPORT_DTYPE": "float32", "DATASET": str(data), "DATASET_FIELD": "t", "WANDB_MODE": "offline",
+               "WANDB_API_KEY": "k", "ASSETS_DIR": "/a", "OUTPUT_DIR": "/o", "CHECKPOINT_DIR": "/c",
+               "NEURON_LOGICAL_NC_CONFIG": "1", "NEURON_QWEN3_MOE_KERNEL": "reference", "CHECKPOINT_INTERVAL": "5",
+               "CHECKPOINT_KEEP": "2", "DEVICE": "neuron"}
+    args = build("neuron", environ).worker_args
+    for var in contract.VARS:
+        if var.name in environ and var.flag.startswith("--"):
+            for flag in (word for word in var.flag.split() if word.startswith("--")):
+                assert any(arg == flag or arg.startswith(flag + "=") for arg in args), (var.name, flag, args)
+    assert after(args, "--config") == "native_qwen3_8b" and after(args, "--report.model") == "Qwen/Qwen3-8B"
+    assert after(args, "--export.dir") == os.path.abspath("e") and after(args, "--dataloader.source") == str(data)
+    assert after(args, "--neuron.logical_nc_config") == "1" and after(args, "--training.steps") == "3"
+
+
+def test_defaults_are_the_configs_own_and_a_hub_dataset_stays_an_id():
+    args = build("cpu", SCALE="smoke").worker_args
+    assert not [arg for arg in args if arg.startswith(("--training.steps", "--export", "--dataloader", "--neuron"))]
+    assert after(build("cpu", DATASET="allenai/c4").worker_args, "--dataloader.source") == "allenai/c4"
+
+
+@pytest.mark.parametrize("flag", ["--device=cpu", "--neuron.logical-nc-config", "--dump_folder=/x", "--config=x"])
+def test_flags_the_launcher_owns_are_refused(flag):
+    with pytest.raises(contract.UsageError, match="which the launcher owns"):
+        build("cpu", EXTRA_ARGS=flag)

@@ -139,7 +139,7 @@ def test_plan_for_a_node_of_a_kubeflow_job():
 
 
 def test_dry_run_under_slurm_shows_the_rendezvous(tmp_path):
-    env = {"PATH": os.environ["PATH"], "NEURON_QWEN3_ROOT": str(tmp_path), "SLURM_NNODES": "2", "SLURM_NODEID": "1",
+    env = {"PATH": os.environ["PATH"], "DEVICE": "cpu", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
            "SLURM_JOB_NODELIST": "trn-[001-002]", "SLURM_JOB_ID": "77", "SCALE": "smoke"}
     result = subprocess.run([sys.executable, "-m", "entrypoint", "--dry-run"], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=60)

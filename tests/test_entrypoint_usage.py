@@ -5,14 +5,13 @@ Run: .venv/bin/python -m pytest tests/test_entrypoint_usage.py -q
 
 import os
 import subprocess
-import sys
 
 import pytest
 
 from entrypoint import contract, plan
 from entrypoint.discovery import Devices
 
-from conftest import REPO
+from conftest import REPO, launcher_at
 
 CPU = Devices("cpu", 2)
 
@@ -21,9 +20,9 @@ def build(environ, cli_args=(), devices=CPU):
     return plan.build(contract.parse(environ), devices, environ, cli_args)
 
 
-def entrypoint(*args, cwd=REPO, **env):
-    return subprocess.run([sys.executable, "-m", "entrypoint", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=60, env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), **env})
+def entrypoint(*args, cwd=REPO, root="/", **env):
+    return subprocess.run(launcher_at(root, *args), cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={"PATH": os.environ["PATH"], **env})
 
 
 def test_other_arguments_go_to_torchtitan_after_extra_args():
@@ -31,6 +30,7 @@ def test_other_arguments_go_to_torchtitan_after_extra_args():
     assert p.argv[-5:] == ("--training.steps", "3", "--training.steps", "5", "--x.y=z")  # the last one wins
     result = entrypoint("--dry-run", "--training.steps", "5", SCALE="smoke")
     assert result.returncode == 0 and '"--training.steps",\n    "5"' in result.stdout, result.stderr
+    assert '"steps": 5' in result.stdout  # and the config that will run says so
 
 
 @pytest.mark.parametrize("words, variable", [
@@ -71,33 +71,49 @@ def test_log_rank_picks_whose_output_shows():
 def test_device_cpu_runs_the_cpu_path_on_a_neuron_host(tmp_path):
     for n in range(2):
         (tmp_path / "dev" / f"neuron{n}").mkdir(parents=True)
-    neuron = entrypoint("--dry-run", NEURON_QWEN3_ROOT=str(tmp_path), SCALE="smoke")
-    cpu = entrypoint("--dry-run", NEURON_QWEN3_ROOT=str(tmp_path), SCALE="smoke", DEVICE="cpu")
+    neuron = entrypoint("--dry-run", root=tmp_path, SCALE="smoke")
+    cpu = entrypoint("--dry-run", root=tmp_path, SCALE="smoke", DEVICE="cpu")
     assert '"kind": "neuron"' in neuron.stdout and '"kind": "cpu"' in cpu.stdout
-    assert "neuron_qwen3.cpu_worker" in cpu.stdout
-    missing = entrypoint("--dry-run", NEURON_QWEN3_ROOT=str(tmp_path / "empty"), SCALE="smoke", DEVICE="cuda")
+    assert '"--device=cpu"' in cpu.stdout and '"device": "cpu"' in cpu.stdout
+    missing = entrypoint("--dry-run", root=tmp_path / "empty", SCALE="smoke", DEVICE="cuda")
     assert (missing.returncode, missing.stderr) == (
         2, "entrypoint: DEVICE=cuda but no cuda device is visible here (allowed: auto, neuron, cuda, cpu)\n")
 
 
 def test_full_scale_is_refused_on_cpu_unless_asked_for(tmp_path):
-    root = str(tmp_path)
-    result = entrypoint("--dry-run", NEURON_QWEN3_ROOT=root)
+    result = entrypoint("--dry-run", root=tmp_path)
     assert (result.returncode, result.stderr.count("\n")) == (2, 1)
     assert "set SCALE=smoke for the tiny model, or SCALE=full to train the full model on CPU knowingly" in result.stderr
-    assert entrypoint("--dry-run", NEURON_QWEN3_ROOT=root, SCALE="full").returncode == 0
+    assert entrypoint("--dry-run", root=tmp_path, SCALE="full").returncode == 0
 
 
 def test_check_runs_every_preflight_check_and_creates_nothing(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
-    ok = entrypoint("--check", cwd=work, NEURON_QWEN3_ROOT=str(tmp_path), SCALE="smoke", CHECKPOINT_DIR="ckpt")
+    ok = entrypoint("--check", cwd=work, root=tmp_path, SCALE="smoke", CHECKPOINT_DIR="ckpt")
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.startswith("entrypoint: check: the launch would start: native_qwen3_smoke on 1 CPU cores")
+    assert ok.stdout.splitlines() == [f"entrypoint: checkpoints: none complete in {work}/ckpt: starting at step 0",
+                                      "entrypoint: check: the launch would start: native_qwen3_smoke on 1 CPU cores"]
     assert list(work.iterdir()) == []  # no outputs/, cache/, assets/ or ckpt/ made
     (work / "ckpt").write_text("")
-    bad = entrypoint("--check", cwd=work, NEURON_QWEN3_ROOT=str(tmp_path), SCALE="smoke", CHECKPOINT_DIR="ckpt")
+    bad = entrypoint("--check", cwd=work, root=tmp_path, SCALE="smoke", CHECKPOINT_DIR="ckpt")
     assert bad.returncode == 2
     assert f"entrypoint: {work}/ckpt (CHECKPOINT_DIR) is a file, not a folder" in bad.stderr
     assert "the launch would stop" in bad.stdout
     assert sorted(p.name for p in work.iterdir()) == ["ckpt"]
+
+
+def test_a_wrong_torchtitan_flag_is_one_line_naming_the_nearest_before_anything_starts(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "dev" / "shm").mkdir(parents=True)
+    for args in (("--check", "--optimizer.lr", "2e-5"), ("--optimizer.lr", "2e-5")):  # --check, and a launch
+        result = entrypoint(*args, cwd=work, root=tmp_path, SCALE="smoke")
+        assert result.returncode == 2 and result.stderr.splitlines() == [
+            "entrypoint: torchtitan arguments: Unrecognized options: --optimizer.lr, 2e-5 (nearest: "
+            "--optimizer.param-groups.0.optimizer-kwargs.lr)"], result.stderr
+        assert "torch.distributed.run" not in result.stdout
+    bad_value = entrypoint("--check", "--training.steps", "ten", cwd=work, root=tmp_path, SCALE="smoke")
+    assert bad_value.returncode == 2 and bad_value.stderr.splitlines() == [
+        "entrypoint: torchtitan arguments: Error parsing --training.steps: invalid literal for int() with base 10: "
+        "'ten'"]

@@ -29,9 +29,9 @@ def tiny_qwen3(folder):
     """A random Qwen3ForCausalLM of the smoke shape (the bundled config.json), saved by transformers."""
     import transformers
 
-    from neuron_qwen3.config_registry import SMOKE_HF_MODEL
+    from neuron_qwen3.config_registry import HF_MODEL
 
-    config = json.loads((SMOKE_HF_MODEL / "config.json").read_text())
+    config = json.loads((HF_MODEL["smoke"] / "config.json").read_text())
     torch.manual_seed(0)
     transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**config)).save_pretrained(folder)
     return folder

@@ -35,9 +35,9 @@ MOE_BOUND = 5e-4
 
 @functools.cache
 def tokens():
-    from neuron_qwen3.config_registry import SMOKE
+    from neuron_qwen3.shapes import SMOKE
 
-    return torch.randint(0, SMOKE["vocab_size"], (2, 64), generator=torch.Generator().manual_seed(0))
+    return torch.randint(0, SMOKE.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
 
 
 def rel_err(a, b):
@@ -83,7 +83,7 @@ def save_dense(folder):
 
     from neuron_qwen3 import config_registry
 
-    shape = json.loads((config_registry.SMOKE_HF_MODEL / "config.json").read_text())
+    shape = json.loads((config_registry.HF_MODEL["smoke"] / "config.json").read_text())
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shape))
     model.save_pretrained(folder)
@@ -144,8 +144,9 @@ def test_nki_moe_is_the_function_transformers_computes(tmp_path):
 
 
 def test_v5_is_the_function_transformers_computes(tmp_path):
-    from neuron_qwen3 import config_registry
+    from neuron_qwen3 import config_registry, hf_rope_fix
 
+    hf_rope_fix.apply()  # as the v5 trainer does before it builds the model
     reference = save_dense(tmp_path)
     config = config_registry.v5_qwen3_smoke()
     model_config = config.model_spec.model

@@ -2,7 +2,9 @@
 
 Builds the v5 smoke model exactly as torchtitan's Trainer does (meta device, to_empty,
 init_weights), with the buffer poisoned as uninitialised memory would be, and checks that
-init leaves the rotary frequencies the ones transformers computes, only when the fix is on.
+init leaves the rotary frequencies the ones transformers computes, only when the fix is on. The v5 trainer
+(neuron_qwen3/v5.py) applies it before the model is built; the v5 smoke runs of tests/test_training.py (finite,
+falling losses) are the run-path proof.
 """
 
 import json
@@ -14,11 +16,13 @@ from conftest import RECIPES
 
 from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
 
-from neuron_qwen3 import config_registry, hf_rope_fix  # v5 config functions apply the fix
+from neuron_qwen3 import config_registry, hf_rope_fix
+
+hf_rope_fix.apply()  # as Qwen3TransformersTrainer.__init__ does
 
 
 def _materialised_v5_smoke_model(config=None):
-    config = config or config_registry.v5_qwen3_smoke()  # building a v5 config applies the fix
+    config = config or config_registry.v5_qwen3_smoke()
     model_config = config.model_spec.model
     model_config.update_from_config(config=config)
     with torch.device("meta"):
@@ -31,7 +35,7 @@ def _materialised_v5_smoke_model(config=None):
 
 
 def _expected_inv_freq():
-    hf = json.loads((config_registry.SMOKE_HF_MODEL / "config.json").read_text())
+    hf = json.loads((config_registry.HF_MODEL["smoke"] / "config.json").read_text())
     dim, theta = hf["head_dim"], hf["rope_parameters"]["rope_theta"]
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
 

@@ -10,7 +10,7 @@ from conftest import REPO
 
 
 def test_make_venv_refuses_a_disk_without_room_before_downloading(tmp_path):
-    for path in [REPO / "Makefile", *REPO.glob("requirements*.lock")]:
+    for path in [REPO / "Makefile", REPO / "pyproject.toml", *REPO.glob("requirements*.lock")]:
         shutil.copy(path, tmp_path)
     need = int(shutil.disk_usage(tmp_path).free / 1e9) + 1000
     # Under `make test` this make is a sub-make: without the parent's variables it runs as a user's would.

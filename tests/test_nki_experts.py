@@ -21,7 +21,6 @@ from torchtitan.models.qwen3 import _build_qwen3_moe_layers, model_registry
 
 from moe_routing import expert_affinities_masked, routing_to_block_layout
 
-from entrypoint.names import MOE_KERNEL_ENV
 from neuron_qwen3.config_registry import NKI_EXPERTS_OVERRIDE as OVERRIDE
 from neuron_qwen3.moe import experts as moe_experts
 from neuron_qwen3.moe.experts import NKIGroupedExperts, blockwise_moe_experts
@@ -29,11 +28,6 @@ from neuron_qwen3.moe.layout import BlockLayout, ExpertWeights, max_num_blocks
 from neuron_qwen3.moe.reference import TOLERANCE
 
 FP32, BF16 = TOLERANCE["float32"], TOLERANCE["bfloat16"]
-
-
-@pytest.fixture(autouse=True)
-def _reference_path(monkeypatch):
-    monkeypatch.delenv(MOE_KERNEL_ENV, raising=False)
 
 
 @pytest.fixture
@@ -50,7 +44,7 @@ def scale_close(actual, expected, rel):
     assert err <= rel * scale, f"max error {err:.3e} > {rel:g} x scale {scale:.3e}"
 
 
-def make_pair(dim, hidden, num_experts, block_size, compute_dtype, block_count="exact", seed=0):
+def make_pair(dim, hidden, num_experts, block_size, compute_dtype, block_count="exact", seed=0, kernel="auto"):
     """torchtitan's GroupedExperts and an NKIGroupedExperts with the same weights."""
     titan = GroupedExperts(GroupedExperts.Config(dim=dim, hidden_dim=hidden, num_experts=num_experts))
     gen = torch.Generator().manual_seed(seed)
@@ -59,7 +53,7 @@ def make_pair(dim, hidden, num_experts, block_size, compute_dtype, block_count="
             p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
     nki = NKIGroupedExperts(NKIGroupedExperts.Config(dim=dim, hidden_dim=hidden, num_experts=num_experts,
                                                      block_size=block_size, compute_dtype=compute_dtype,
-                                                     block_count=block_count))
+                                                     block_count=block_count, kernel=kernel))
     nki.load_state_dict(titan.state_dict())
     return titan, nki
 
@@ -296,16 +290,19 @@ def experts_of(hidden_states, affinities, w1, w3, w2, token_position_to_id, bloc
     return blockwise_moe_experts(hidden_states, affinities, ExpertWeights(w1, w3, w2), layout)
 
 
+PATH = ("auto", 2)  # the op's kernel choice and LNC: the reference on CPU
+
+
 @pytest.mark.parametrize("static", [False, True])
 def test_opcheck(static):
     args = op_inputs(static=static)
     for t in args[:5]:
         t.requires_grad_()
-    result = torch.library.opcheck(torch.ops.neuron_qwen3.blockwise_moe_experts.default, args)
+    result = torch.library.opcheck(torch.ops.neuron_qwen3.blockwise_moe_experts.default, [*args, *PATH])
     assert set(result.values()) == {"SUCCESS"}, result
-    out, gate_up_act_T, down_act = torch.ops.neuron_qwen3.blockwise_moe_experts(*args)
+    out, gate_up_act_T, down_act = torch.ops.neuron_qwen3.blockwise_moe_experts(*args, *PATH)
     grad_args = [torch.randn_like(out), *[a.detach() for a in args[:5]], gate_up_act_T.detach(), down_act.detach(),
-                 *args[5:]]
+                 *args[5:], *PATH]
     for affinity_grad in (True, False):
         result = torch.library.opcheck(
             torch.ops.neuron_qwen3.blockwise_moe_experts_backward.default, [*grad_args, affinity_grad]
@@ -355,7 +352,7 @@ def test_op_checkpoints_are_the_kernel_layout():
     the pre-activation gate/up products and the unscaled down products."""
     args = op_inputs(seed=4)
     hidden_states, _, w1, w3, w2, tp2id, b2e, block_size = args
-    out, gate_up_act_T, down_act = torch.ops.neuron_qwen3.blockwise_moe_experts(*args)
+    out, gate_up_act_T, down_act = torch.ops.neuron_qwen3.blockwise_moe_experts(*args, *PATH)
     num_blocks, hidden = b2e.shape[0], w1.shape[1]
     assert gate_up_act_T.shape == (num_blocks, 2, hidden, block_size)
     assert down_act.shape == (num_blocks, block_size, hidden_states.shape[1])

@@ -23,7 +23,6 @@ import torch
 from conftest import REPO, RECIPES
 from test_nki_experts import FP32, assert_same_as_torchtitan, make_pair
 
-from entrypoint.names import LNC_ENV, MOE_KERNEL_ENV
 from neuron_qwen3 import config_registry
 from neuron_qwen3.moe import experts, nki_kernels
 from neuron_qwen3.moe.experts import NKIGroupedExperts
@@ -33,9 +32,7 @@ LIMIT = {text.split(": ", 1)[1]: text for text, _ in nki_kernels.KERNEL_LIMITS}
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch):
-    monkeypatch.delenv(MOE_KERNEL_ENV, raising=False)
-    monkeypatch.delenv(LNC_ENV, raising=False)
+def _clean():
     nki_kernels._kernel_ops.cache_clear()
     yield
     nki_kernels._kernel_ops.cache_clear()
@@ -92,14 +89,12 @@ def test_model_build_checks_shapes_when_the_kernels_will_run(monkeypatch):
     with pytest.raises(ValueError, match=r"H=128, I=64, B=256, LNC=2: needs moe_cte: hidden dim H from 512"):
         NKIGroupedExperts(config)
     monkeypatch.setattr(experts.titan_utils, "device_type", "cpu")
-    monkeypatch.setenv(MOE_KERNEL_ENV, "nki")
     with pytest.raises(ValueError, match="hidden dim H from 512"):
-        NKIGroupedExperts(config)
-    monkeypatch.setenv(LNC_ENV, "1")
-    NKIGroupedExperts(NKIGroupedExperts.Config(dim=512, hidden_dim=32, num_experts=2))  # I 32 fits one core only
-    monkeypatch.setenv(LNC_ENV, "2")
+        NKIGroupedExperts(NKIGroupedExperts.Config(dim=128, hidden_dim=64, num_experts=2, kernel="nki"))
+    small = dict(dim=512, hidden_dim=32, num_experts=2, kernel="nki")
+    NKIGroupedExperts(NKIGroupedExperts.Config(**small, logical_nc_config=1))  # I 32 fits one core only
     with pytest.raises(ValueError, match=r"I per logical core"):
-        NKIGroupedExperts(NKIGroupedExperts.Config(dim=512, hidden_dim=32, num_experts=2))
+        NKIGroupedExperts(NKIGroupedExperts.Config(**small, logical_nc_config=2))
 
 
 @pytest.mark.parametrize("name", ["nki_moe_qwen3_30b_a3b", "nki_moe_qwen3_smoke"])
@@ -118,16 +113,28 @@ def test_nki_moe_configs_fit_the_kernels(name, lnc):
 # ---- off Neuron --------------------------------------------------------------------------------
 
 
-def test_kernel_path_selection(monkeypatch):
-    assert (experts.kernel_path("cpu"), experts.kernel_path("neuron")) == ("reference", "nki")
+def test_kernel_path_selection():
     for value, on_cpu, on_neuron in [("nki", "nki", "nki"), ("reference", "reference", "reference"),
                                      ("auto", "reference", "nki")]:
-        monkeypatch.setenv(MOE_KERNEL_ENV, value)
-        assert (experts.kernel_path("cpu"), experts.kernel_path("neuron")) == (on_cpu, on_neuron)
-    for value in ("cuda", " NKI ", ""):  # exactly what the launcher refuses (entrypoint.names.moe_kernel)
-        monkeypatch.setenv(MOE_KERNEL_ENV, value)
-        with pytest.raises(ValueError, match=f"{MOE_KERNEL_ENV}={value!r} is not one of: auto, nki, reference"):
-            experts.kernel_path("neuron")
+        assert (experts.kernel_path(value, "cpu"), experts.kernel_path(value, "neuron")) == (on_cpu, on_neuron)
+    with pytest.raises(ValueError, match="kernel must be one of auto, nki, reference, got 'NKI'"):
+        NKIGroupedExperts(NKIGroupedExperts.Config(dim=8, hidden_dim=8, num_experts=2, kernel="NKI"))
+
+
+def test_the_runs_neuron_settings_reach_the_experts_override():
+    """--neuron.moe_kernel and --neuron.logical_nc_config (from NEURON_QWEN3_MOE_KERNEL and the LNC) become the
+    override's kwargs; a kwarg the config function set itself (compute_dtype) stays."""
+    from neuron_qwen3 import trainer
+
+    assert trainer.NKI_EXPERTS == f"{experts.__name__}.{experts.nki_grouped_experts.__name__}"
+    config = config_registry.nki_moe_qwen3_bench_cpu()
+    config.neuron.moe_kernel, config.neuron.logical_nc_config = "reference", 1
+    trainer.configure_nki_experts(config.override, config.neuron)
+    assert config.override.imports == [(trainer.NKI_EXPERTS, {"kernel": "reference", "logical_nc_config": 1,
+                                                              "compute_dtype": "float32"})]
+    plain = config_registry.native_qwen3_smoke()
+    trainer.configure_nki_experts(plain.override, plain.neuron)
+    assert plain.override.imports == []
 
 
 def test_import_and_cpu_forward_do_not_touch_neuron_packages(tmp_path):
@@ -151,14 +158,12 @@ def test_import_and_cpu_forward_do_not_touch_neuron_packages(tmp_path):
         """
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(RECIPES), str(REPO)])}
-    env.pop(MOE_KERNEL_ENV, None)
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
 def test_forcing_nki_without_neuron_raises_a_clear_import_error(monkeypatch):
-    _, nki = make_pair(512, 64, 2, 256, "bfloat16")
-    monkeypatch.setenv(MOE_KERNEL_ENV, "nki")
+    _, nki = make_pair(512, 64, 2, 256, "bfloat16", kernel="nki")
     run = lambda: nki(torch.randn(6, 512), torch.tensor([4, 2]))  # noqa: E731
     with pytest.raises(ImportError, match=r"'torch_neuronx' is not importable.*NEURON_QWEN3_MOE_KERNEL"):
         run()
@@ -254,9 +259,8 @@ def test_nki_path_plumbing_with_stand_in_neuron_packages(monkeypatch, titan_in_f
     calls = []
     for name, module in stand_in_neuron_packages(calls).items():
         monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setenv(MOE_KERNEL_ENV, "nki")
     counts = torch.tensor([300, 0, 3, 257])  # the smoke MoE's H 512 and I 64, block 256: several blocks, idle expert
-    titan, nki = make_pair(512, 64, len(counts), 256, "float32")  # block_count auto: static on the NKI path
+    titan, nki = make_pair(512, 64, len(counts), 256, "float32", kernel="nki")  # block_count auto: static on NKI
     assert_same_as_torchtitan(titan, nki, counts, 512, seed=6, out_rel=FP32["output"], grad_rel=FP32["gradients"])
     assert ("nki.jit", "trace") in calls
     assert [c for c in calls if c[0] == "grid"] == [("grid", "moe_cte_training", 2), ("grid", "blockwise_mm_bwd", 2)]

@@ -18,7 +18,8 @@ import pytest
 
 from conftest import ANSI, REPO, STEP_LOSS
 
-from entrypoint import checkpoints, launch
+from entrypoint import launch
+from neuron_qwen3 import checkpoints
 
 
 

@@ -1,4 +1,4 @@
-"""The README's tables are copies of the variant table and the env contract, and its commands are what CI and a
+"""The docs' tables are rendered from the code (`make docs`, ci/docs.py), and the README's commands are what CI and a
 trn2 user run: keep them in step."""
 
 import re
@@ -6,27 +6,20 @@ import shlex
 
 from conftest import REPO
 
-from entrypoint.contract import README_GROUPS, VARS, parse
-from entrypoint.variants import DEFAULT_VARIANT, VARIANTS
+from ci import docs
+from entrypoint.contract import VARS, parse
 
 README = (REPO / "README.md").read_text()
 
 
-def test_every_variant_row_names_its_configs():
-    for variant in VARIANTS.values():
-        default = " (default)" if variant.name == DEFAULT_VARIANT else ""
-        row = re.search(rf"^\| `{variant.name}`{re.escape(default)} \|.*$", README, re.M)
-        assert row, f"README has no row for VARIANT={variant.name}"
-        for config in variant.configs.values():
-            assert f"`{config}`" in row.group(0)
-
-
-def test_env_table_matches_the_contract():
-    for var in VARS:
-        if var.group not in README_GROUPS:
-            continue  # the others are in docs/production.md (tests/test_deploy.py checks that table)
-        default = f"`{var.default}`" if var.default else "-"
-        assert f"| `{var.name}` | {default} | {var.allowed} |" in README, f"README's row for {var.name} is stale"
+def test_the_generated_tables_are_current():
+    """README.md and docs/production.md hold the variant table and every settings table as the code renders them."""
+    assert docs.main(["--check"]) == 0, "run `make docs`"
+    text = "".join((REPO / name).read_text() for name in docs.DOCS)
+    for name in docs.blocks():
+        assert f"<!-- generated: {name} -->" in text, f"no table {name!r} in the docs"
+    for var in VARS:  # every variable is in one of them
+        assert f"| `{var.name}` |" in text, var.name
 
 
 def fenced(text):

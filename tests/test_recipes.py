@@ -10,12 +10,12 @@ import pytest
 
 from conftest import REPO, RECIPES
 
-from entrypoint.variants import RECIPE_MODULE, SCALES, VARIANTS
+from entrypoint.variants import RECIPE_MODULE, VARIANTS
 from torchtitan.config import ConfigManager
 
-from neuron_qwen3 import config_registry
+from neuron_qwen3 import config_registry, shapes
 
-ALL_CONFIGS = [(v.name, scale, v.configs[scale]) for v in VARIANTS.values() for scale in SCALES]
+ALL_CONFIGS = [(v.name, scale, name) for v in VARIANTS.values() for scale, name in v.configs.items()]
 
 
 @pytest.mark.parametrize("variant,scale,name", ALL_CONFIGS)
@@ -24,6 +24,10 @@ def test_article_command_parses_every_config(variant, scale, name):
     config = ConfigManager().parse_args(["--module", RECIPE_MODULE, "--config", name])
     assert config.model_spec is not None
     assert config.training.steps == 10
+    assert (config.report.variant, config.report.scale.replace("bench_cpu", "bench"), config.report.config) == (
+        variant, scale.replace("bench_cpu", "bench"), name)  # summary.json names them
+    assert type(config).__qualname__ == ("Qwen3TransformersTrainer.Config" if variant == "v5" else
+                                         "Qwen3Trainer.Config")  # config.build() builds the hooked trainer
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -55,45 +59,43 @@ def test_nki_moe_enables_the_expert_override_at_every_scale():
     assert (spec.name, spec.flavor) == ("qwen3", "30B-A3B")
 
 
-@pytest.mark.parametrize("accelerator", [False, True])
-def test_the_cpu_bench_computes_the_experts_in_float32_like_the_rest_of_its_model(monkeypatch, accelerator):
+def test_the_cpu_bench_computes_the_experts_in_float32_like_the_rest_of_its_model():
     """bf16 matmuls run ~100x slower than fp32 on this AVX2 CPU, and the experts cast to bf16 by default; with an
     accelerator the bench keeps torchtitan's bf16 compute."""
-    monkeypatch.setattr(config_registry, "_accelerator", lambda: accelerator)
     config = config_registry.nki_moe_qwen3_bench()
-    if accelerator:
-        assert config.override.imports == [config_registry.NKI_EXPERTS_OVERRIDE]
-        assert config.training.mixed_precision_param == "bfloat16"
-    else:
-        assert config.override.imports == [(config_registry.NKI_EXPERTS_OVERRIDE, {"compute_dtype": "float32"})]
-        assert config.training.mixed_precision_param == "float32"
+    assert config.override.imports == [config_registry.NKI_EXPERTS_OVERRIDE]
+    assert config.training.mixed_precision_param == "bfloat16" and config.training.seq_len == 4096
+    config = config_registry.nki_moe_qwen3_bench_cpu()
+    assert config.override.imports == [(config_registry.NKI_EXPERTS_OVERRIDE, {"compute_dtype": "float32"})]
+    assert config.training.mixed_precision_param == "float32" and config.training.seq_len == 2048
 
 
 @pytest.mark.parametrize("name", [v.configs["smoke"] for v in VARIANTS.values()])
 def test_smoke_configs_use_only_bundled_assets(name):
     config = getattr(config_registry, name)()
-    for path in (config.hf_assets_path, config.dataloader.dataset_path):
+    for path in (config.hf_assets_path, config.dataloader.source):
         assert Path(path).is_dir() and Path(path).is_relative_to(RECIPES), path
-    assert config.dataloader.dataset == "c4_test"
 
 
 def test_smoke_models_share_one_architecture():
     """native, nki_moe and v5 smoke models agree on the attention stack and the vocabulary."""
-    hf = json.loads((config_registry.SMOKE_HF_MODEL / "config.json").read_text())
-    s = config_registry.SMOKE
-    assert (hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]) == (s["dim"], s["n_layers"], s["vocab_size"])
-    assert (hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"]) == (
-        s["n_heads"], s["n_kv_heads"], s["head_dim"])
-    assert hf["intermediate_size"] == s["hidden_dim"]
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(config_registry.HF_MODEL["smoke"])
+    native = shapes.of_model_config(config_registry.native_qwen3_smoke().model_spec.model)
+    assert shapes.of_model_config(hf) == native == shapes.SMOKE
+    moe = shapes.of_model_config(config_registry.nki_moe_qwen3_smoke().model_spec.model)
+    assert (moe.n_layers, moe.n_heads, moe.n_kv_heads, moe.head_dim, moe.vocab_size) == (
+        native.n_layers, native.n_heads, native.n_kv_heads, native.head_dim, native.vocab_size)
 
 
 def test_bundled_tokenizer_fits_the_smoke_vocabulary():
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(config_registry.SMOKE_TOKENIZER / "tokenizer.json"))
-    assert tok.get_vocab_size() <= config_registry.SMOKE["vocab_size"]
+    assert tok.get_vocab_size() <= shapes.SMOKE.vocab_size
     ids = tok.encode("The careful engineer trains the router near the river.").ids
-    assert 0 < len(ids) < 20 and max(ids) < config_registry.SMOKE["vocab_size"]
+    assert 0 < len(ids) < 20 and max(ids) < shapes.SMOKE.vocab_size
 
 
 def test_assets_are_small():

@@ -13,7 +13,8 @@ import time
 import pytest
 
 from entrypoint.variants import VARIANTS
-from neuron_qwen3 import compare, config_registry, plots
+from bench import compare
+from neuron_qwen3 import config_registry, plots
 
 pytestmark = pytest.mark.training
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,9 +88,9 @@ def test_plots_are_pngs_of_the_expected_size(runs, variant):
         assert png_size(out / "report" / name) == expected
 
 
-def test_the_launcher_prints_a_progress_line(runs):
+def test_rank_0_logs_a_progress_line(runs):
     _, stdout = runs["native"]
-    assert f"entrypoint: step 1/{STEPS}  " in stdout  # the first logged step, at once; then once a minute
+    assert f"progress: step 1/{STEPS}  " in stdout  # the first logged step, at once; then once a minute
 
 
 def test_the_comparison_lists_every_variant(runs, tmp_path):

@@ -10,6 +10,7 @@ Run: .venv/bin/python -m pytest tests/test_save_on_stop.py -q -s   (-s prints th
 """
 
 import functools
+import json
 import os
 import re
 import signal
@@ -23,7 +24,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from conftest import ANSI, REPO, STEP_LOSS, worker_env
 
-from entrypoint import checkpoints
+from neuron_qwen3 import checkpoints
 
 pytestmark = pytest.mark.training
 
@@ -141,3 +142,36 @@ def test_the_resumed_run_ends_bitwise_where_the_uninterrupted_one_does(tmp, vari
     baseline = final_state(env_for(tmp, "baseline", variant, nproc)["CHECKPOINT_DIR"], f"{tmp}/{variant}-{nproc}-base.pt")
     assert any(key.startswith("optimizer") for key in resumed) and "dataloader" in str(sorted(resumed))
     assert same(baseline, resumed) == []
+
+
+def test_the_article_command_typed_by_hand_saves_on_sigterm_too(tmp):
+    """No launcher: `torchrun ... -m torchtitan.train --module neuron_qwen3 --config ...` as the article types it.
+    The config's own trainer carries the stop hook, so SIGTERM to torchrun (which forwards it to the workers) still
+    ends the run at a step boundary with a complete checkpoint of that step, and the report says `stopped`."""
+    folder = f"{tmp}/by-hand"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv_backend", "c10d",
+               "--rdzv_endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", "--local-ranks-filter", "0",
+               "--role", "rank", "--tee", "3", "-m", "torchtitan.train", "--module", "neuron_qwen3",
+               "--config", "native_qwen3_smoke", f"--training.steps={STEPS}", "--checkpoint.enable",
+               f"--checkpoint.folder={folder}/checkpoint", f"--checkpoint.interval={INTERVAL}",
+               f"--dump_folder={folder}/out"]
+    torchrun = subprocess.Popen(command, env=worker_env(), cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in torchrun.stdout:
+            lines.append(line)
+            step = STEP_LOSS.search(ANSI.sub("", line))
+            if step and int(step[1]) == SIGNAL_AFTER:
+                torchrun.send_signal(signal.SIGTERM)
+                break
+        output = "".join(lines) + torchrun.communicate(timeout=600)[0]
+    finally:
+        torchrun.kill()
+    stop = STOPPED_AT.search(output)
+    assert stop, explain(output)
+    k = int(stop[1])
+    left = checkpoints.scan(f"{folder}/checkpoint")
+    assert k % INTERVAL and left.latest == k and not left.broken, (k, left)
+    summary = json.loads(open(f"{folder}/out/report/summary.json").read())
+    assert summary["end"] == "stopped" and summary["config"] == "native_qwen3_smoke" and summary["processes"] == 2

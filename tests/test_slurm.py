@@ -183,10 +183,15 @@ def test_scancel_sigterm_leaves_a_checkpoint_and_the_requeued_job_resumes(slurm)
         wait_until(lambda: "requeueing job" in text() or ended(),
                    "the stop and the requeue", explain)
         first = text()
-        stop = re.search(r"stop: SIGTERM at step (\d+): saved step-(\d+)", first)
-        assert stop and f"train.sbatch: stopped (143) with a checkpoint: requeueing job {job}" in first, explain()
+        assert f"train.sbatch: stopped (143) with a checkpoint: requeueing job {job}" in first, explain()
+        # The worker's own log (every rank's is kept in OUTPUT_DIR/torchrun): Slurm signals every process of the
+        # step, so torchrun gets SIGTERM twice, may exit before its console tail copies the worker's last lines.
+        run = tmp / "outputs" / f"qwen3-{job}"  # $SHARED/outputs/<job name>-<job id>
+        logs = "".join(ANSI.sub("", path.read_text()) for path in (run / "torchrun").rglob("*.log"))
+        stop = re.search(r"stop: SIGTERM at step (\d+): saved step-(\d+)", logs)
+        assert stop, logs[-3000:] + explain()
         k = int(stop[1])
-        checkpoint = tmp / "outputs" / f"qwen3-{job}" / "checkpoint"  # $SHARED/outputs/<job name>-<job id>
+        checkpoint = run / "checkpoint"
         assert (checkpoint / f"step-{k}" / ".metadata").exists()
         # Slurm holds a requeued job until its old job credential has expired (cred_expire + 1 s, 11 s here):
         # started earlier, slurmd refuses it ("Job credential revoked") and the job ends FAILED. This test once

@@ -19,7 +19,7 @@ from entrypoint.variants import VARIANTS
 
 pytestmark = pytest.mark.training
 
-SMOKE_MOE_LAYERS = 2  # recipes' SMOKE["n_layers"]; every layer of the smoke MoE is an MoE layer
+SMOKE_MOE_LAYERS = 2  # shapes.SMOKE_MOE.n_layers; every layer of the smoke MoE is an MoE layer
 
 
 def parse_losses(output: str) -> dict[int, float]:
@@ -64,12 +64,17 @@ def test_nki_moe_replaces_every_moe_layer(tmp):
 def test_nki_moe_matches_native_moe_step_by_step(tmp):
     """Same seed, same data, same weights: the expert override must not change the maths."""
     nki = launch("nki_moe", 1, tmp)
-    native = subprocess.run(
-        [sys.executable, "-m", "neuron_qwen3.cpu_worker", "--module", "neuron_qwen3", "--config", "native_moe_qwen3_smoke",
-         "--dump_folder", f"{tmp}/native-moe"],
+    native = subprocess.run(  # the article's hand-typed command: stock torchtitan.train
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--rdzv_backend", "c10d",
+         "--rdzv_endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", "-m", "torchtitan.train",
+         "--module", "neuron_qwen3", "--config", "native_moe_qwen3_smoke", "--dump_folder", f"{tmp}/native-moe"],
         env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert native.returncode == 0, native.stderr[-3000:]
     nki_losses, native_losses = parse_losses(nki.stdout + nki.stderr), parse_losses(native.stdout + native.stderr)
     assert sorted(native_losses) == sorted(nki_losses) == list(range(1, 11))
+    assert nki_losses[1] == native_losses[1]  # the same function of the same weights and data, as printed
+    # Later steps drift by bf16 roundings: both compute the experts in bf16, and the input gradient differs by one
+    # rounding (tests/test_nki_experts.py). Measured on this 2-core host, before and after issue 18 alike: at most
+    # 2.6e-4 relative over the ten steps (step 6).
     for step in native_losses:
-        assert nki_losses[step] == pytest.approx(native_losses[step], rel=1e-4, abs=1e-4), (step, nki_losses, native_losses)
+        assert nki_losses[step] == pytest.approx(native_losses[step], rel=1e-3), (step, nki_losses, native_losses)

@@ -5,8 +5,8 @@ around; tests/test_cpu_adapter.py has one test per patch that fails when it is r
 The adapter is applied only when torch sees no accelerator (see `needed`), so it is inert on
 Neuron and CUDA, and it refuses to run against a torchtitan it was not written for.
 
-Must run before anything imports torchtitan's trainer: torchtitan binds the device type at
-import time (`from torchtitan.tools.utils import device_type`).
+It runs in the worker after torchtitan is imported (stock `torchtitan.train` imports its trainer before
+the recipes), so each patched name is rebound in every torchtitan module that imported it (devices.rebind).
 """
 
 import os
@@ -111,7 +111,7 @@ _active = False
 
 
 def activate() -> None:
-    """Apply every CPU patch. Idempotent; must precede the import of torchtitan.trainer."""
+    """Apply every CPU patch. Idempotent; torchtitan's trainer may already be imported."""
     global _active
     if _active:
         return
@@ -122,21 +122,19 @@ def activate() -> None:
             f"neuron_qwen3.cpu_adapter patches torchtitan {SUPPORTED_TORCHTITAN} internals; "
             f"found torchtitan {torchtitan.__version__}"
         )
-    if "torchtitan.trainer" in sys.modules:
-        raise RuntimeError("cpu_adapter.activate() must run before torchtitan.trainer is imported")
+    from neuron_qwen3.devices import rebind
 
     # 1. torchtitan/tools/utils.py: `device_type = _get_available_device_type() or "cuda"` picks
-    #    CUDA when there is no accelerator; with "cpu" the process group becomes gloo. Modules
-    #    imported after this line bind the patched values.
+    #    CUDA when there is no accelerator; with "cpu" the process group becomes gloo.
     import torchtitan.tools.utils as tt_utils
 
-    tt_utils.device_type, tt_utils.device_module = "cpu", _cpu_device_module()
+    rebind(tt_utils, "device_type", "cpu")
+    rebind(tt_utils, "device_module", _cpu_device_module())
 
-    # 2. gloo has no PREMUL_SUM (see _force_sum_reduction). Patched before the transformers
-    #    backend is imported below, because its parallelize module binds this function by name.
+    # 2. gloo has no PREMUL_SUM (see _force_sum_reduction); parallelize modules import the function by name.
     import torchtitan.distributed.fsdp as tt_fsdp
 
-    tt_fsdp.disable_fsdp_gradient_division = _force_sum_reduction(tt_fsdp.disable_fsdp_gradient_division)
+    rebind(tt_fsdp, "disable_fsdp_gradient_division", _force_sum_reduction(tt_fsdp.disable_fsdp_gradient_division))
 
     # 3. torchtitan's language models accept only flex/varlen attention, and flex_attention has
     #    no backward on CPU: run the same masked attention densely, in both the native models
@@ -147,7 +145,8 @@ def activate() -> None:
 
     tt_attention.FlexAttention.compiled_flex_attn = staticmethod(_native_flex_attention)
     tt_attention._compiled_create_block_mask = create_block_mask
-    import torchtitan.experiments.transformers_modeling_backend.model as hf_backend_model
-
-    hf_backend_model.flex_attention_forward = _hf_flex_attention_forward
+    # The transformers backend (v5) is imported only by the runs that use it: patched when it is loaded.
+    hf_backend_model = sys.modules.get("torchtitan.experiments.transformers_modeling_backend.model")
+    if hf_backend_model is not None:
+        hf_backend_model.flex_attention_forward = _hf_flex_attention_forward
     _active = True

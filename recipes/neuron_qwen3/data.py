@@ -1,24 +1,23 @@
-"""DATASET and DATASET_FIELD: c4, a Hub dataset, or local files, into torchtitan 0.3.0's own loaders.
+"""The training data: `--dataloader.source` (c4, a Hub dataset, or local files) and `--dataloader.field`.
 
-Plain text goes through `HuggingFaceTextDataLoader` (documents packed into `seq_len` windows), registered in its
-`DATASETS` table under one name, as torchtitan's docs/datasets.md asks. Records whose field holds a chat
-`messages` list (role/content) go through `ChatDataLoader`, the loader of torchtitan's SFT recipes: the tokenizer's
-chat template, prompt tokens masked out of the loss with IGNORE_INDEX, greedy packing. Its ChatDataset takes one
-user turn and one assistant turn per record. Local files are read offline by the `datasets` builders (json,
-parquet, text); a folder means every supported file in it, of one kind.
+`DataLoader` is a torchtitan dataloader whose source is resolved once, when the trainer builds it (never while a
+config function runs). Plain text goes through torchtitan's HuggingFaceTextDataset (documents packed into
+`seq_len` windows, positions restarting per document); records whose field holds a chat `messages` list
+(role/content) go through torchtitan's ChatDataset (the tokenizer's chat template, prompt tokens masked out of the
+loss with IGNORE_INDEX, greedy packing). Local files are read offline by the `datasets` builders (json, parquet,
+text); a folder means every supported file in it, of one kind.
 """
 
 import os
+from dataclasses import dataclass
 from functools import partial
 
 from datasets import load_dataset
+from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets import DatasetConfig
-from torchtitan.hf_datasets.text_datasets import DATASETS, ChatDataLoader, HuggingFaceTextDataLoader
+from torchtitan.hf_datasets.text_datasets import DATASETS, ChatDataset, HuggingFaceTextDataset
 
-DATASET_ENV, FIELD_ENV = "DATASET", "DATASET_FIELD"  # the launcher's contract names (entrypoint/contract.py)
-DEFAULT_FIELD = "text"
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
-REGISTERED = "neuron_qwen3_dataset"  # the name the text loader finds in torchtitan's DATASETS
 
 
 def local_files(path: str) -> tuple[str, list]:
@@ -34,12 +33,12 @@ def local_files(path: str) -> tuple[str, list]:
     return builders.pop(), files
 
 
-def source(dataset: str) -> tuple[str, dict]:
-    """`load_dataset` arguments of DATASET: a local file or folder, else a Hub dataset id (streamed)."""
-    if os.path.exists(dataset):
-        builder, files = local_files(dataset)
+def load_arguments(source: str) -> tuple[str, dict]:
+    """`load_dataset` arguments of a source: a local file or folder, else a Hub dataset id (streamed)."""
+    if os.path.exists(source):
+        builder, files = local_files(source)
         return builder, {"data_files": files, "split": "train"}
-    return dataset, {"split": "train", "streaming": True}
+    return source, {"split": "train", "streaming": True}
 
 
 def is_chat(record: dict, field: str) -> bool:
@@ -56,28 +55,67 @@ def text(sample: dict, field: str) -> str:
     return sample[field]
 
 
-def first_record(path: str, kwargs: dict) -> dict:
-    return next(iter(load_dataset(path, **{**kwargs, "streaming": True})))
+class DataLoader(ParallelAwareDataloader):
+    """torchtitan's text or chat datasets, chosen from the source's first record when the trainer builds it."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ParallelAwareDataloader.Config):
+        source: str = "c4"
+        """`c4` (allenai/c4, streamed), a Hub dataset id, or a local .jsonl, .json, .parquet or .txt file or
+        folder (read offline)."""
+        field: str = "text"
+        """The record field that holds the text; a chat `messages` list there makes the run SFT."""
+        infinite: bool = True
+        """Loop over the data again when it ends."""
+
+    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
+                 local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs):
+        parallel = dict(dp_rank=dp_rank, dp_world_size=dp_world_size)
+        if config.source == "c4":
+            dataset = HuggingFaceTextDataset("c4", None, tokenizer, seq_len, infinite=config.infinite, **parallel)
+        else:
+            path, arguments = load_arguments(config.source)
+            first = next(iter(load_dataset(path, **{**arguments, "streaming": True})))
+            if is_chat(first, config.field):
+                arguments.pop("streaming", None)  # ChatDataset shuffles a map-style set
+                dataset = ChatDataset(load_dataset(path, **arguments), tokenizer,
+                                      partial(messages, field=config.field), seq_len, infinite=config.infinite,
+                                      **parallel)
+            else:
+                # HuggingFaceTextDataset reads its source from torchtitan's table of datasets, by name
+                name = "neuron_qwen3_source"  # lower case: torchtitan lowercases the name it looks up
+                DATASETS[name] = DatasetConfig(path=config.source, loader=lambda _: load_dataset(path, **arguments),
+                                               sample_processor=partial(text, field=config.field))
+                dataset = HuggingFaceTextDataset(name, None, tokenizer, seq_len, infinite=config.infinite, **parallel)
+        super().__init__(dataset, num_workers=config.num_workers, persistent_workers=config.persistent_workers,
+                         pin_memory=config.pin_memory, prefetch_factor=config.prefetch_factor,
+                         snapshot_every_n_steps=snapshot_every_n_steps, batch_size=local_batch_size, **parallel)
 
 
-def dataloader_config(dataset: str, field: str):
-    """The torchtitan dataloader config for DATASET / DATASET_FIELD (registers a text dataset when needed)."""
-    if dataset == "c4":
-        return HuggingFaceTextDataLoader.Config(dataset="c4")
-    path, kwargs = source(dataset)
-    if is_chat(first_record(path, kwargs), field):
-        kwargs = {k: v for k, v in kwargs.items() if k != "streaming"}  # ChatDataset shuffles a map-style set
-        return ChatDataLoader.Config(dataset_path=path, load_dataset_kwargs=kwargs,
-                                     sample_processor=partial(messages, field=field))
-    DATASETS[REGISTERED] = DatasetConfig(path=dataset, loader=lambda _: load_dataset(path, **kwargs),
-                                         sample_processor=partial(text, field=field))
-    return HuggingFaceTextDataLoader.Config(dataset=REGISTERED, dataset_path=dataset)
+def first_record(path: str) -> dict | None:
+    """The first record of a local source (a file, or the first file of a folder); ValueError naming what is
+    wrong when it has none."""
+    builder, files = local_files(path)
+    if os.path.getsize(files[0]) == 0:
+        raise ValueError(f"{files[0]} is empty")
+    try:
+        return next(iter(load_dataset(builder, data_files=files[:1], split="train", streaming=True)))
+    except StopIteration:
+        raise ValueError(f"{files[0]} has no records") from None
 
 
-def from_env(default, environ=os.environ):
-    """The dataloader config of DATASET; unset, `default` (c4 at full scale, the bundled corpus at smoke). Called
-    by the config functions, so `--dataloader.*` arguments still apply on top."""
-    dataset = environ.get(DATASET_ENV)
-    if not dataset:
-        return default
-    return dataloader_config(dataset, environ.get(FIELD_ENV) or DEFAULT_FIELD)
+def scan(source: str, field: str) -> str | None:
+    """The first problem of a local source, as one line; None when it can be trained on (or is not local)."""
+    if not os.path.exists(source):
+        return None
+    try:
+        record = first_record(source)
+    except Exception as error:  # the datasets builders raise many kinds; the first line says what
+        return f"{source}: {(str(error).strip().splitlines() or [type(error).__name__])[0]}"
+    if field not in record:
+        return f"{source}: its first record has no field {field!r} (it has: {', '.join(sorted(record)) or 'none'})"
+    value = record[field]
+    if isinstance(value, list) and [m.get("role") for m in value if isinstance(m, dict)] != ["user", "assistant"]:
+        return (f"{source}: chat records must hold one user and one assistant message (torchtitan 0.3.0's "
+                f"ChatDataset), the first holds roles {[m.get('role') if isinstance(m, dict) else m for m in value]}")
+    return None

@@ -19,26 +19,12 @@ Trainium; a host CPU has no peak anyone agrees on, so there MFU is `None` with t
 
 from dataclasses import dataclass
 
+from neuron_qwen3.shapes import Shape
+
 # torchtitan's get_peak_flops answers A100's figure for any name it does not know (with a warning).
 A100_BF16 = 312e12
 # Physical NeuronCores per logical core that torchtitan's Neuron entry assumes (it multiplies by this).
 TORCHTITAN_NEURON_LNC = {"trn1": 1, "trn1n": 1, "inf2": 1}  # trn2, trn3: 2
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What the FLOPs count needs of a decoder whose layers are all alike (dense, or all MoE)."""
-
-    vocab: int
-    dim: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn_hidden: int = 0  # dense layers: the SwiGLU width
-    experts: int = 0  # MoE layers: routed experts, how many each token uses, and each one's width
-    top_k: int = 0
-    expert_hidden: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,40 +35,17 @@ class Peak:
 
 def active_matmul_params(shape: Shape) -> int:
     s = shape
-    attention = s.dim * s.head_dim * (2 * s.heads + 2 * s.kv_heads)  # wq, wo; wk, wv
-    if s.experts:
-        ffn = s.dim * s.experts + s.top_k * 3 * s.dim * s.expert_hidden  # router + the experts a token uses
+    attention = s.dim * s.head_dim * (2 * s.n_heads + 2 * s.n_kv_heads)  # wq, wo; wk, wv
+    if s.num_experts:
+        ffn = s.dim * s.num_experts + s.top_k * 3 * s.dim * s.hidden_dim  # router + the experts a token uses
     else:
-        ffn = 3 * s.dim * s.ffn_hidden  # w1, w2, w3
-    return s.layers * (attention + ffn) + s.dim * s.vocab  # + the output head, tied or not
+        ffn = 3 * s.dim * s.hidden_dim  # w1, w2, w3
+    return s.n_layers * (attention + ffn) + s.dim * s.vocab_size  # + the output head, tied or not
 
 
 def per_token(shape: Shape, seq_len: int) -> int:
     """Training FLOPs per token (forward and backward) at `seq_len`."""
-    return 6 * active_matmul_params(shape) + 12 * shape.layers * shape.heads * shape.head_dim * seq_len
-
-
-def shape_of(model_config) -> Shape:
-    """The Shape of torchtitan's native Qwen3 config, or of the transformers backend's (HF attribute names)."""
-    if hasattr(model_config, "layers"):  # torchtitan's Decoder.Config (native and nki_moe)
-        layer = model_config.layers[0]
-        attention, moe = layer.attention, layer.moe
-        common = dict(vocab=model_config.vocab_size, dim=model_config.dim, layers=len(model_config.layers),
-                      heads=attention.n_heads, kv_heads=attention.n_kv_heads or attention.n_heads,
-                      head_dim=attention.head_dim or model_config.dim // attention.n_heads)
-        if moe is not None:
-            return Shape(**common, experts=moe.num_experts, top_k=moe.router.top_k,
-                         expert_hidden=moe.routed_experts.inner_experts.hidden_dim)
-        return Shape(**common, ffn_hidden=layer.feed_forward.w1.out_features)
-    c = model_config  # the transformers backend: the Hugging Face config's attributes, copied onto its Config
-    heads = c.num_attention_heads
-    common = dict(vocab=c.vocab_size, dim=c.hidden_size, layers=c.num_hidden_layers, heads=heads,
-                  kv_heads=getattr(c, "num_key_value_heads", None) or heads,
-                  head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads)
-    if getattr(c, "num_experts", None):
-        return Shape(**common, experts=c.num_experts, top_k=c.num_experts_per_tok,
-                     expert_hidden=c.moe_intermediate_size)
-    return Shape(**common, ffn_hidden=c.intermediate_size)
+    return 6 * active_matmul_params(shape) + 12 * shape.n_layers * shape.n_heads * shape.head_dim * seq_len
 
 
 def peak(device_type: str, device_name: str, logical_nc_config: int = 2) -> Peak:

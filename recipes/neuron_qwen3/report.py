@@ -16,21 +16,21 @@ import json
 import os
 import signal
 import statistics
-import sys
 import time
 from importlib import metadata
 from pathlib import Path
 
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, _get_metrics_rank
 from torchtitan.tools import utils
+from torchtitan.tools.logging import logger
 
-from neuron_qwen3 import flops
+from neuron_qwen3 import devices, flops, shapes
 from neuron_qwen3.plots import plot_loss, plot_throughput
 
 FOLDER = "report"
 WARMUP_STEPS = 2  # steps left out of the steady state: the first builds the graphs (and compiles, COMPILE=1)
-VERSIONED = ("torch", "torchtitan", "transformers", "torch-neuronx")
-IMAGE_REVISION = "NEURON_QWEN3_IMAGE_REVISION"  # set in the image from its revision label
+# The image installs neuron-qwen3 with its git revision as the local version label (0.4.0+<revision>).
+VERSIONED = ("neuron-qwen3", "torch", "torchtitan", "transformers", "torch-neuronx")
 
 _stop = {"reason": None}  # set by mark_stopped: the signal or request that stopped this process
 
@@ -62,16 +62,32 @@ def record_of(metrics: dict, step: int, steps_since_last: int, world_size: int, 
     }
 
 
-class ReportLogger(BaseLogger):
-    """A torchtitan logger backend that appends each logged step to metrics.jsonl."""
+def duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
-    def __init__(self, folder: Path, world_size: int, log_freq: int, steps: int):
+
+def progress_line(record: dict) -> str:
+    """`step k/N  tokens/s  loss  ETA`: what someone watching a long run's log wants to see now and then."""
+    step, total = record["step"], record["steps_total"]
+    text = f"progress: step {step}/{total}  {record['tokens_per_s']:,.0f} tokens/s  loss {record['loss']:.4f}"
+    return text + (f"  ETA {duration((total - step) * record['step_time_s'])}" if record.get("step_time_s") else "")
+
+
+class ReportLogger(BaseLogger):
+    """A torchtitan logger backend that appends each logged step to metrics.jsonl, and logs the progress line:
+    at the first logged step, then at most once per `progress_every` seconds (a long run's log is not flooded)."""
+
+    def __init__(self, folder: Path, world_size: int, log_freq: int, steps: int, progress_every: float = 60,
+                 clock=time.monotonic):
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "metrics.jsonl"
         self.path.write_text("")  # this launch's records only; a resumed run starts its own
         self.world_size, self.log_freq, self.steps = world_size, log_freq, steps
         self.last_step = None  # a resumed run's first logged step follows the checkpoint's, not step 0
         self.records = []
+        self.progress_every, self.clock, self.progress_at = progress_every, clock, None
 
     def log(self, metrics, step):
         if "loss_metrics/global_avg_loss" not in metrics:  # validation: not a training step
@@ -83,39 +99,44 @@ class ReportLogger(BaseLogger):
         self.records.append(record)
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        now = self.clock()
+        if self.progress_at is None or now - self.progress_at >= self.progress_every:
+            logger.info(progress_line(record))
+            self.progress_at = now
 
 
 class RunReport:
     """The report of one trainer's run; `attach` builds it, `watch` ends it."""
 
-    def __init__(self, trainer, logger: ReportLogger | None, peak: flops.Peak, shape: flops.Shape):
-        self.trainer, self.logger, self.peak, self.shape = trainer, logger, peak, shape
+    def __init__(self, trainer, backend: ReportLogger | None, peak: flops.Peak, shape: shapes.Shape):
+        self.trainer, self.backend, self.peak, self.shape = trainer, backend, peak, shape
         self.folder = Path(trainer.config.dump_folder) / FOLDER
-        self.launched = launch_time()
+        self.launched = trainer.config.report.launched_at or launch_time()
 
     @classmethod
     def attach(cls, trainer) -> "RunReport":
         config, metrics = trainer.config, trainer.metrics_processor
-        shape = flops.shape_of(trainer.model_config)
+        shape = shapes.of_model_config(trainer.model_config)
         metrics.num_flops_per_token = flops.per_token(shape, config.training.seq_len)
-        lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
-        peak = flops.peak(utils.device_type, metrics.device_memory_monitor.device_name, lnc)
+        peak = flops.peak(utils.device_type, metrics.device_memory_monitor.device_name,
+                          config.neuron.logical_nc_config)
         if peak.flops is None:
             metrics.has_quantization = True  # upstream's one switch for "no MFU" (MetricsProcessor.log)
         else:
             metrics.gpu_peak_flops = peak.flops
-        logger = None
         rank = _get_metrics_rank(parallel_dims=trainer.parallel_dims,
                                  pp_schedule=config.parallelism.pipeline_parallel_schedule)
         if _rank() == rank:
-            logger = ReportLogger(Path(config.dump_folder) / FOLDER, trainer.parallel_dims.world_size,
-                                  config.metrics.log_freq, config.training.steps)
+            backend = ReportLogger(Path(config.dump_folder) / FOLDER, trainer.parallel_dims.world_size,
+                                   config.metrics.log_freq, config.training.steps, config.report.progress_every_s)
             if not isinstance(metrics.logger, LoggerContainer):
                 container = LoggerContainer()
                 container.add_logger(metrics.logger)
                 metrics.logger = container
-            metrics.logger.add_logger(logger)
-        return cls(trainer, logger, peak, shape)
+            metrics.logger.add_logger(backend)
+        else:
+            backend = None
+        return cls(trainer, backend, peak, shape)
 
     @contextlib.contextmanager
     def watch(self):
@@ -140,9 +161,9 @@ class RunReport:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def finish(self, end: str, detail: str | None) -> None:
-        if self.logger is None:
+        if self.backend is None:
             return
-        records = self.logger.records
+        records = self.backend.records
         summary = self.summary(records, end, detail)
         (self.folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if records:
@@ -152,8 +173,6 @@ class RunReport:
     def summary(self, records: list, end: str, detail: str | None) -> dict:
         trainer, config = self.trainer, self.trainer.config
         dims = trainer.parallel_dims
-        name = _config_name()
-        variant, scale = _variant_of(name)
         now = time.time()
         steady = [r for r in records if r["step"] > WARMUP_STEPS] or records[1:] or records
         warmup = [r for r in records if r not in steady]
@@ -162,12 +181,13 @@ class RunReport:
         warmup_s = sum(r["step_time_s"] for r in warmup)
         first_step_end = records[0]["time"] if records else None
         return {
-            "variant": variant, "scale": scale, "config": name,
+            "variant": config.report.variant or None, "scale": config.report.scale or None,
+            "config": config.report.config or None, "model": config.report.model or None,
             "compile": config.compile.enable,
             "device": {"kind": utils.device_type, "name": trainer.metrics_processor.device_memory_monitor.device_name,
                        "count": dims.world_size},
             "processes": dims.world_size,
-            "nodes": max(1, dims.world_size // int(os.environ.get("LOCAL_WORLD_SIZE", dims.world_size))),
+            "nodes": max(1, dims.world_size // devices.processes_per_node(dims.world_size)),
             "batch": {"local": config.training.local_batch_size, "seq_len": config.training.seq_len},
             "steps": {"done": trainer.step, "planned": config.training.steps},
             "end": end, "end_detail": detail,
@@ -206,22 +226,6 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _config_name() -> str | None:
-    argv = sys.argv
-    return argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
-
-
-def _variant_of(config_name):
-    """(variant, scale) whose config this is, from the launcher's variant table; (None, None) for others."""
-    from entrypoint.variants import VARIANTS
-
-    for variant in VARIANTS.values():
-        for scale, name in variant.configs.items():
-            if name == config_name:
-                return variant.name, scale
-    return None, None
-
-
 def versions() -> dict:
     found = {}
     for name in VERSIONED:
@@ -229,12 +233,11 @@ def versions() -> dict:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             found[name] = None
-    found["image_revision"] = os.environ.get(IMAGE_REVISION)
     return found
 
 
 def launch_time(proc="/proc") -> float:
-    """When this run was launched: the start of the outermost launcher or torchrun above this process.
+    """When torchrun above this process started (`--report.launched_at`, which the launcher sets, is earlier).
 
     From /proc (Linux): each ancestor's start time in clock ticks since boot. Without one, this process's start.
     """
@@ -247,8 +250,7 @@ def launch_time(proc="/proc") -> float:
                 fields = f.read().rsplit(")", 1)[1].split()
             cmdline = open(f"{proc}/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
             started = boot + int(fields[19]) / tick
-            if earliest is None or any(word in cmdline for word in (b"torch.distributed.run", b"torchrun",
-                                                                    b"-m entrypoint")):
+            if earliest is None or any(word in cmdline for word in (b"torch.distributed.run", b"torchrun")):
                 earliest = started
             pid = int(fields[1])
         return earliest

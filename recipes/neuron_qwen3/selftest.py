@@ -1,26 +1,15 @@
-"""The first command on a trn2: `docker run --device=/dev/neuron0 IMAGE --self-test`, one verdict line per check.
+"""`python -m neuron_qwen3.selftest runtime | kernels LNC`: the checks of `--self-test` that need torch.
 
-    devices      the launcher's own discovery finds Neuron devices (off Neuron: says so, exits 2)
-    runtime      torch_neuronx imports and a tensor round-trips through a NeuronCore
-    nki_moe      the NKI MoE forward and backward against the PyTorch reference (moe/reference.py) on shapes
-                 the kernels take, at LNC 2 and LNC 1 (each in its own process: the runtime reads the LNC once),
-                 every error printed against the bf16 tolerance the CPU tests hold the reference to
-    native       three `native` smoke steps on one NeuronCore through the launcher, finite losses
-
-The first failure stops the run with exit status 1; all passed, 0. Nothing here runs at import: torch is
-imported by the checks that need it.
+The launcher's `--self-test` runs them in children (the kernels once per LNC, with the runtime's
+NEURON_LOGICAL_NC_CONFIG set for the child) and prints their lines as its verdicts: `PASS name: detail` for each
+check, `FAIL name: reason` at the first failure (exit 1). Nothing here runs at import: torch is imported by the
+checks that need it.
 """
 
-import math
-import os
-import re
-import subprocess
 import sys
 from dataclasses import dataclass
 
-from entrypoint import contract, discovery, names
-
-OFF_NEURON = 2
+from neuron_qwen3 import shapes
 
 
 @dataclass(frozen=True)
@@ -35,24 +24,14 @@ class Shape:
 
 
 # The smoke MoE model's layer, and Qwen3-30B-A3B's H and I with fewer experts (the CPU reference stays quick).
-SHAPES = (Shape("smoke", 512, 64, 4, 256, 2, 256), Shape("30b_a3b", 2048, 768, 8, 512, 8, 256))
+SHAPES = (Shape("smoke", shapes.SMOKE_MOE.dim, shapes.SMOKE_MOE.hidden_dim, shapes.SMOKE_MOE.num_experts, 256,
+                shapes.SMOKE_MOE.top_k, 256),
+          Shape("30b_a3b", shapes.FLAVORS["30B-A3B"].dim, shapes.FLAVORS["30B-A3B"].hidden_dim, 8, 512,
+                shapes.FLAVORS["30B-A3B"].top_k, 256))
 
 
 class Failed(Exception):
     """A check's verdict: failed, with the reason in one line."""
-
-
-class OffNeuron(Exception):
-    """Not a Neuron host: nothing to check."""
-
-
-def check_devices() -> str:
-    settings = contract.parse(os.environ)
-    devices = discovery.discover(settings)
-    if devices.kind != "neuron":
-        raise OffNeuron(f"no Neuron devices here (found {devices.kind}): this is not a Trainium host; run it on a "
-                        "trn2 with `docker run --device=/dev/neuron0 ... IMAGE --self-test`")
-    return f"{len(devices.nodes)} Neuron devices, {devices.count} logical NeuronCores at LNC {devices.lnc}"
 
 
 def check_runtime() -> str:
@@ -76,7 +55,7 @@ def relative_error(actual, expected) -> float:
     return float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
 
 
-def compare_kernels(shape: Shape, device: str, seed: int = 0) -> str:
+def compare_kernels(shape: Shape, device: str, lnc: int = 2, seed: int = 0) -> str:
     """The op on `device` (the NKI kernels on Neuron) against reference_forward/backward on CPU, in bf16."""
     import torch
 
@@ -105,7 +84,7 @@ def compare_kernels(shape: Shape, device: str, seed: int = 0) -> str:
     dev_x, dev_w = to(x), [to(w) for w in (weights.w1_EFD, weights.w3_EFD, weights.w2_EDF)]
     dev_layout = BlockLayout(layout.token_position_to_id.to(device), layout.block_to_expert.to(device),
                              layout.num_tokens, layout.block_size)
-    out = blockwise_moe_experts(dev_x, affinities.to(device), ExpertWeights(*dev_w), dev_layout)
+    out = blockwise_moe_experts(dev_x, affinities.to(device), ExpertWeights(*dev_w), dev_layout, "nki", lnc)
     out.backward(grad_out.to(device))
 
     tolerance = TOLERANCE["bfloat16"]
@@ -121,73 +100,28 @@ def compare_kernels(shape: Shape, device: str, seed: int = 0) -> str:
     return verdict
 
 
-def kernel_checks() -> int:
-    """`--kernels`: every shape at this process's LNC; run in a child per LNC by check_kernels."""
-    import torch_neuronx  # noqa: F401
+def checks(argv) -> list:
+    """The (name, check) pairs of `runtime` or `kernels LNC`."""
+    if argv == ["runtime"]:
+        return [("runtime", check_runtime)]
+    if len(argv) == 2 and argv[0] == "kernels" and argv[1] in ("1", "2"):
+        import torch_neuronx  # noqa: F401  the neuron device, before the kernels' tensors need it
 
-    lnc = os.environ.get(names.LNC_ENV, names.LNC_DEFAULT)
-    return run_checks([(f"nki_moe LNC {lnc} {shape.name}", lambda s=shape: compare_kernels(s, "neuron"))
-                       for shape in SHAPES])
-
-
-def check_kernels(lnc: str) -> str:
-    # The compiler's --lnc must equal the runtime's (error NCC_EVRF066); the last --lnc in NEURON_CC_FLAGS wins.
-    flags = f"{os.environ.get('NEURON_CC_FLAGS', '')} --lnc={lnc}".strip()
-    env = {**os.environ, names.LNC_ENV: lnc, "NEURON_CC_FLAGS": flags, "NEURON_RT_VISIBLE_CORES": "0",
-           names.MOE_KERNEL_ENV: "auto"}
-    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.selftest", "--kernels"], env=env,
-                            capture_output=True, text=True)
-    sys.stdout.write(result.stdout)
-    if result.returncode:
-        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise Failed(f"the LNC {lnc} kernel checks stopped (exit {result.returncode}): {tail}")
-    return f"every shape at LNC {lnc}"
-
-
-def losses(output: str) -> dict[int, float]:
-    return {int(step): float(loss) for step, loss in re.findall(names.LOSS_LINE, re.sub(names.COLOUR, "", output))}
-
-
-def native_verdict(returncode: int, output: str, steps: int) -> str:
-    found = losses(output)
-    if returncode or sorted(found) != list(range(1, steps + 1)) or not all(map(math.isfinite, found.values())):
-        tail = (output.strip().splitlines() or ["no output"])[-1]
-        raise Failed(f"exit {returncode}, losses {found}: {tail}")
-    return "losses " + ", ".join(f"{found[step]:.3f}" for step in sorted(found))
-
-
-def check_native(steps: int = 3) -> str:
-    env = {**os.environ, "VARIANT": "native", "SCALE": "smoke", "STEPS": str(steps), "NPROC": "1",
-           "NEURON_RT_VISIBLE_CORES": "0", "OUTPUT_DIR": os.path.join(os.environ.get("OUTPUT_DIR", "/tmp"),
-                                                                       "self-test")}
-    result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, capture_output=True, text=True)
-    return native_verdict(result.returncode, result.stdout + result.stderr, steps)
-
-
-def run_checks(checks) -> int:
-    """Run (name, check) pairs in order, one verdict line each; stop at the first failure (exit 1)."""
-    for name, check in checks:
-        try:
-            detail = check()
-        except OffNeuron as error:
-            print(f"self-test: {error}", flush=True)
-            return OFF_NEURON
-        except Exception as error:  # a check's own bug is a failure too, in one line
-            print(f"self-test: FAIL {name}: {str(error).splitlines()[0] if str(error) else type(error).__name__}",
-                  flush=True)
-            return 1
-        print(f"self-test: PASS {name}: {detail}", flush=True)
-    return 0
-
-
-LNC_ORDER = sorted(names.LNC_CHOICES, key=lambda lnc: lnc != names.LNC_DEFAULT)  # the default first
-CHECKS = (("devices", check_devices), ("runtime", check_runtime),
-          *((f"nki_moe LNC {lnc}", lambda lnc=lnc: check_kernels(lnc)) for lnc in LNC_ORDER), ("native", check_native))
+        return [(f"nki_moe LNC {argv[1]} {shape.name}", lambda s=shape: compare_kernels(s, "neuron", int(argv[1])))
+                for shape in SHAPES]
+    raise SystemExit("usage: python -m neuron_qwen3.selftest runtime | kernels 1|2")
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    return kernel_checks() if argv == ["--kernels"] else run_checks(CHECKS)
+    """Each check's verdict line; stop at the first failure (exit 1)."""
+    for name, check in checks(sys.argv[1:] if argv is None else argv):
+        try:
+            detail = check()
+        except Exception as error:  # a check's own bug is a failure too, in one line
+            print(f"FAIL {name}: {str(error).splitlines()[0] if str(error) else type(error).__name__}", flush=True)
+            return 1
+        print(f"PASS {name}: {detail}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

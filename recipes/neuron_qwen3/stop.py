@@ -28,13 +28,14 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class StopWatch:
     """Records the first stop signal; `agreed()` is collective: every rank calls it at every step boundary."""
 
-    def __init__(self):
+    def __init__(self, enable: bool = True):
         self.signum = 0
-        self.received_at = None  # monotonic time of the first signal, for the stop-to-exit figure
+        self.received_at = None  # monotonic time of the first signal, for the stop line
         self.group = None
-        self.checks, self.spent, self.first_check = 0, 0.0, None  # the agreement's own cost, for the stop line
-        for signum in SIGNALS:
-            signal.signal(signum, self._note)
+        self.enable = enable
+        if enable:  # else torchrun's SIGTERM ends the workers mid-step, as in stock torchtitan
+            for signum in SIGNALS:
+                signal.signal(signum, self._note)
 
     def _note(self, signum, _frame):
         if not self.signum:
@@ -42,26 +43,16 @@ class StopWatch:
 
     def join(self):
         """The gloo side group of every rank; collective, so every rank calls it once after the process group."""
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        if self.enable and dist.is_initialized() and dist.get_world_size() > 1:
             self.group = dist.new_group(backend="gloo")
 
     def agreed(self) -> int:
         """The highest signal number any rank has received (0: none): the same answer on every rank."""
         if self.group is None:
             return self.signum
-        begin = time.perf_counter()
-        self.first_check = self.first_check or begin
         flag = torch.tensor([self.signum], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        self.checks, self.spent = self.checks + 1, self.spent + time.perf_counter() - begin
         return int(flag.item())
-
-    def cost(self) -> str:
-        """The agreement's mean time per step boundary, and its share of the time since the first one."""
-        if self.checks < 2:
-            return "no agreement needed" if self.group is None else "one agreement"
-        share = self.spent / (time.perf_counter() - self.first_check)
-        return f"agreement {1000 * self.spent / self.checks:.2f} ms per step, {100 * share:.3f}% of the run's time"
 
 
 def save_step(checkpointer, step: int) -> bool:
@@ -83,13 +74,12 @@ def save_step(checkpointer, step: int) -> bool:
     return True
 
 
-def stop_now(watch: StopWatch, signum: int, checkpointer, step: int, first_step: int):
-    """Save `step` if it is new since the start, then leave with 128 + signum (SystemExit)."""
+def save_now(watch: StopWatch, signum: int, checkpointer, step: int, first_step: int) -> None:
+    """Save `step` if it is new since the start, and say so; the caller then exits with 128 + signum."""
     name = signal.Signals(signum).name
     begin = time.monotonic()
     saved = step > first_step and save_step(checkpointer, step)
     spent = f"{time.monotonic() - begin:.2f} s" if saved else "nothing to save"
     since = f"; {time.monotonic() - watch.received_at:.2f} s since the signal" if watch.received_at else ""
     logger.info(f"stop: {name} at step {step}: {'saved step-' + str(step) if saved else 'no new checkpoint'} "
-                f"({spent}{since}; {watch.cost()}); exiting {128 + signum}")
-    raise SystemExit(128 + signum)
+                f"({spent}{since}); exiting {128 + signum}")

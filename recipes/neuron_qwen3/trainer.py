@@ -1,31 +1,94 @@
-"""torchtitan's training `main`, building the trainer with this project's run hooks mixed in.
+"""The project's trainers: torchtitan's Trainer with the run hooks and the project's Config sections.
 
-torchtitan 0.3.0's `torchtitan.train.main` builds whatever trainer class the config owns (`config.build()`:
-`Trainer`, or `HFTransformerTrainer` for the v5 backend) and offers no hook around the training loop. The
-capabilities that need one (stop with a save on SIGTERM, the run report, the Hugging Face export) override
-methods of `RunHooks`, which is mixed in front of the config's own trainer class, so all three variants get them
-on every device. Every worker ends here: `python -m neuron_qwen3.trainer` on CUDA, and the CPU and Neuron workers
-after their device set-up.
+Config functions (config_registry.py) return `Qwen3Trainer.Config` (or v5.py's `Qwen3TransformersTrainer.Config`),
+so `config.build()` builds the hooked trainer, and stock `python -m torchtitan.train --module neuron_qwen3 --config
+<any>` (the article's command, which the launcher runs) gets every hook: the device set-up, stop with a save on
+SIGTERM, the run report and the Hugging Face export. The sections below are the project's flags, as torchtitan's
+fault-tolerance trainer adds `--fault_tolerance.*`: `--export.dir`, `--neuron.logical_nc_config`, ...
 """
 
-import dataclasses
 import signal
+from dataclasses import dataclass, field
+from typing import Literal
 
-import torch
-from torchtitan.config import ConfigManager
-from torchtitan.observability import structured_logger as sl
-from torchtitan.tools.logging import init_logger, logger
 from torchtitan.trainer import Trainer
 
-from neuron_qwen3 import report, stop, weights
+from neuron_qwen3 import devices, report, stop, weights
+
+# The override.imports entry that swaps the nki_moe experts (moe/experts.py), named here without importing it: a
+# torchtitan without the override registry still runs the other variants.
+NKI_EXPERTS = "neuron_qwen3.moe.experts.nki_grouped_experts"
+
+
+@dataclass(kw_only=True, slots=True)
+class Export:
+    dir: str = ""
+    """After training (also when the data runs out), a Hugging Face model folder here (config.json, safetensors,
+    tokenizer), written atomically; empty: no export."""
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """dtype of the exported weights"""
+
+
+@dataclass(kw_only=True, slots=True)
+class Neuron:
+    logical_nc_config: int = 2
+    """Physical NeuronCores per logical core (NEURON_LOGICAL_NC_CONFIG): the NKI kernels' and the MFU peak's LNC."""
+    moe_kernel: Literal["auto", "nki", "reference"] = "auto"
+    """nki_moe expert kernel: auto is NKI on Neuron and the PyTorch reference elsewhere."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Report:
+    variant: str = ""
+    """The variant this config trains (v5, native, nki_moe), for summary.json; set by the config function."""
+    scale: str = ""
+    """full, smoke or bench; set by the config function."""
+    config: str = ""
+    """The config function's name; set by the config function."""
+    model: str = ""
+    """The Hugging Face id of the model trained at full scale (MODEL), for summary.json."""
+    launched_at: float = 0.0
+    """When the run was launched (seconds since the epoch), for its launch-to-first-step time; 0: torchrun's start."""
+    progress_every_s: float = 60.0
+    """The progress line (`step k/N`, tokens/s, ETA) at the first logged step, then at most this often."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Stop:
+    enable: bool = True
+    """On SIGTERM/SIGINT, finish the step, save it on every rank (with --checkpoint.enable) and exit 128 + N."""
+
+
+@dataclass(kw_only=True)
+class RunSettings:
+    """The project's sections, shared by the Configs of both trainers (a plain dataclass mixin: two slotted bases
+    cannot share fields)."""
+
+    device: Literal["auto", "neuron", "cuda", "cpu"] = "auto"
+    """Where this worker trains; auto: Neuron if torch_neuronx imports, else CUDA, else CPU."""
+    export: Export = field(default_factory=Export)
+    neuron: Neuron = field(default_factory=Neuron)
+    report: Report = field(default_factory=Report)
+    stop: Stop = field(default_factory=Stop)
+
+
+def configure_nki_experts(overrides, neuron) -> None:
+    """Give the NKI experts override the run's kernel choice and LNC (`--neuron.*`), unless its entry sets them."""
+    for i, entry in enumerate(overrides.imports):
+        target, kwargs = (entry, {}) if isinstance(entry, str) else entry
+        if target == NKI_EXPERTS:
+            overrides.imports[i] = (target, {"kernel": neuron.moe_kernel,
+                                             "logical_nc_config": neuron.logical_nc_config, **kwargs})
 
 
 class RunHooks(Trainer):
-    """The project's overrides of torchtitan's Trainer; mixed in by `with_run_hooks`."""
+    """The project's overrides of torchtitan's Trainer, in front of it in both trainers' method order."""
 
     def __init__(self, config):
-        self.stop_watch = stop.StopWatch()  # first: a signal during set-up ends the run at the first boundary
+        devices.set_up(config.device)  # before the trainer touches a device (devices.py)
+        self.stop_watch = stop.StopWatch(config.stop.enable)  # a signal during set-up ends the run at step 1
         weights.hf_compatible(config)  # before the model is built (weights.py)
+        configure_nki_experts(config.override, config.neuron)
         super().__init__(config)
         self.stop_watch.join()
         self.first_step = None
@@ -35,7 +98,7 @@ class RunHooks(Trainer):
         with self.report.watch():  # summary.json says whether the run finished, stopped or failed
             weights.check_coverage(self)  # before the initial load reads Hugging Face keys
             super().train()
-            weights.export(self)  # EXPORT_DIR: also when the data ran out before training.steps; not after a stop
+            weights.export(self)  # export.dir: also when the data ran out before training.steps; not after a stop
 
     def should_continue_training(self) -> bool:
         """torchtitan's test, plus save on stop (stop.py) at each step boundary."""
@@ -46,37 +109,20 @@ class RunHooks(Trainer):
         signum = self.stop_watch.agreed()
         if signum:
             report.mark_stopped(signal.Signals(signum).name)
-            stop.stop_now(self.stop_watch, signum, self.checkpointer, self.step, self.first_step)
+            stop.save_now(self.stop_watch, signum, self.checkpointer, self.step, self.first_step)
+            self.close()  # stock torchtitan.train closes the trainer on Exception only, not on SystemExit
+            raise SystemExit(128 + signum)
         return True
 
-
-def with_run_hooks(owner: type) -> type:
-    """`owner` (the config's trainer class) with RunHooks in front of it in the method order."""
-    assert issubclass(owner, Trainer), f"{owner} is not a torchtitan Trainer"
-    return type(f"NeuronQwen3{owner.__name__}", (RunHooks, owner), {})
-
-
-def main() -> None:
-    """`torchtitan.train.main` (0.3.0), with `config.build()` replaced by the hooked trainer class."""
-    init_logger()
-    config = ConfigManager().parse_args()
-    sl.init_structured_logger(source="training", output_dir=config.dump_folder,
-                              enable=config.debug.enable_structured_logging)
-    assert not config.checkpoint.create_seed_checkpoint, "seed checkpoints: use `python -m torchtitan.train`"
-    trainer = None
-    try:
-        # what Config.build() does, with the hooked class (build() copies the config first, so do we)
-        trainer = with_run_hooks(type(config)._owner)(config=dataclasses.replace(config))
-        trainer.train()
-    except BaseException:
-        if trainer:
-            trainer.close()
-        raise
-    trainer.close()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    logger.info("Process group destroyed")
+    def close(self) -> None:
+        if not getattr(self, "closed", False):
+            self.closed = True
+            super().close()
 
 
-if __name__ == "__main__":
-    main()
+class Qwen3Trainer(RunHooks, Trainer):
+    """torchtitan's Trainer (native and nki_moe) with the run hooks."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config, RunSettings):
+        pass

@@ -12,7 +12,7 @@ Qwen3 adapter, dense and MoE, or the transformers backend's prefix adapter). Thi
 - `export`: torchtitan's last HF save fires only when `step == training.steps` (a run whose data ends early never
   exports), writes no config.json or tokenizer, and names its folder `step-N` inside `checkpoint.folder`, where a
   later run mistakes it for a resumable checkpoint. The export here runs after the training loop however it ended,
-  gathers the full weights on rank 0 and writes a complete model folder at EXPORT_DIR, atomically.
+  gathers the full weights on rank 0 and writes a complete model folder at `--export.dir`, atomically.
 """
 
 import json
@@ -26,7 +26,6 @@ from torchtitan.components.checkpoint import ModelWrapper
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.tools.logging import logger
 
-EXPORT_ENV = "EXPORT_DIR"  # absolute, set by the launcher's plan (entrypoint/plan.py)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "chat_template.jinja", "added_tokens.json", "tokenizer.model")
 MAX_SHARD = "5GB"  # the Hub's usual shard size; smaller models are one model.safetensors
@@ -42,7 +41,7 @@ def _adapter(trainer):
 
 
 def uses_hf_weights(config) -> bool:
-    return bool(config.checkpoint.initial_load_in_hf or os.environ.get(EXPORT_ENV))
+    return bool(config.checkpoint.initial_load_in_hf or config.export.dir)
 
 
 def hf_compatible(config) -> None:
@@ -173,12 +172,13 @@ def write_folder(target: str, tensors: dict, config: dict, files: list) -> None:
 
 
 def export(trainer) -> str | None:
-    """EXPORT_DIR, if set: the trained model as a Hugging Face folder, written by rank 0; every rank returns
+    """`--export.dir`, if set: the trained model as a Hugging Face folder, written by rank 0; every rank returns
     after it is complete. The adapter's coverage was checked before training (RunHooks.train)."""
-    target = os.environ.get(EXPORT_ENV)
+    target = trainer.config.export.dir
     if not target:
         return None
-    dtype = TORCH_DTYPE_MAP[trainer.config.checkpoint.export_dtype]
+    target = os.path.abspath(target)
+    dtype = TORCH_DTYPE_MAP[trainer.config.export.dtype]
     states = full_state_dict(trainer)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0:

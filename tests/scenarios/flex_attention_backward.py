@@ -1,17 +1,18 @@
 """Native torchtitan attention forward+backward on CPU; prints the max error against SDPA.
 
-argv[1]: "patched" applies the CPU adapter first, "upstream" does not.
+argv[1]: "patched" applies the CPU adapter, "upstream" does not; torchtitan is imported first either way.
 """
 
 import sys
 
 import torch
 
+from torchtitan.models.common.attention import FlexAttention, create_attention_mask, get_causal_mask_mod
+
 if sys.argv[1] == "patched":
     from neuron_qwen3 import cpu_adapter
 
     cpu_adapter.activate()
-from torchtitan.models.common.attention import FlexAttention, create_attention_mask, get_causal_mask_mod
 
 torch.manual_seed(0)
 q = torch.randn(2, 64, 4, 16, requires_grad=True)

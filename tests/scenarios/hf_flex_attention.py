@@ -1,18 +1,19 @@
 """The transformers backend's attention shim on CPU, with a grad; prints the error against SDPA.
 
-argv[1]: "patched" applies the CPU adapter first, "upstream" does not.
+argv[1]: "patched" applies the CPU adapter, "upstream" does not; torchtitan is imported first either way.
 """
 
 import sys
 
 import torch
 
+from torch.nn.attention.flex_attention import create_block_mask
+from torchtitan.experiments.transformers_modeling_backend.model import _flex_attention_torchtitan
+
 if sys.argv[1] == "patched":
     from neuron_qwen3 import cpu_adapter
 
     cpu_adapter.activate()
-from torch.nn.attention.flex_attention import create_block_mask
-from torchtitan.experiments.transformers_modeling_backend.model import _flex_attention_torchtitan
 
 torch.manual_seed(0)
 module = torch.nn.Module()  # training mode; HF passes the attention layer itself

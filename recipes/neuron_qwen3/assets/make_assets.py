@@ -2,6 +2,7 @@
 
 Both are made here, from nothing but this script, so they carry no third-party licence.
 Run from the repo root:  .venv/bin/python recipes/neuron_qwen3/assets/make_assets.py
+(the model config.json files alone, from shapes.py: tests/test_shapes.py regenerates and compares them).
 The outputs are committed; the script is deterministic, so rerunning it reproduces them.
 """
 
@@ -11,13 +12,14 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from neuron_qwen3 import shapes
+
 HERE = Path(__file__).parent
 CORPUS = HERE / "corpus" / "train.jsonl"
 TOKENIZER_DIR = HERE / "tokenizer"
-HF_MODEL_DIR = HERE / "hf_qwen3_tiny"
-HF_BENCH_DIR = HERE / "hf_qwen3_bench"  # the bench scale's shapes (config_registry.BENCH*), for the v5 variant
-HF_BENCH_ACCELERATOR_DIR = HERE / "hf_qwen3_bench_accelerator"
-VOCAB_SIZE = 2048
+# config.json of the dense smoke and bench shapes as transformers models, for the v5 variant's AutoConfig offline
+HF_CONFIGS = {"hf_qwen3_tiny": shapes.SMOKE, "hf_qwen3_bench_cpu": shapes.BENCH_CPU, "hf_qwen3_bench": shapes.BENCH}
+VOCAB_SIZE = shapes.SMOKE.vocab_size
 NUM_DOCUMENTS = 3000
 EOS = "<|endoftext|>"
 # ChatML's layout with plain-text markers (the 2048-token vocabulary has no room for <|im_start|> as a special
@@ -81,38 +83,17 @@ def make_tokenizer(docs: list[str]) -> Tokenizer:
     return tok
 
 
-def tiny_hf_qwen3_config(eos_id: int, dim=128, hidden=384, layers=2, heads=4, kv_heads=2, head_dim=32,
-                         vocab=VOCAB_SIZE) -> dict:
-    """A Qwen3ForCausalLM config.json (smoke size by default), for the v5 variant's AutoConfig offline."""
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "vocab_size": vocab,
-        "hidden_size": dim,
-        "intermediate_size": hidden,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "max_position_embeddings": 4096,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": True,
-        "hidden_act": "silu",
-        "bos_token_id": None,
-        "eos_token_id": eos_id,
-        "torch_dtype": "float32",
-    }
+def hf_model_config(shape: shapes.Shape, eos_id: int) -> dict:
+    """A config.json of `shape` (shapes.py) as transformers writes it, for the v5 variant's AutoConfig offline."""
+    return {**shapes.hf_config(shape, eos_id), "max_position_embeddings": shapes.MAX_POSITIONS,
+            "rope_parameters": {"rope_type": "default", "rope_theta": shapes.ROPE_THETA}, "rms_norm_eps": 1e-6,
+            "bos_token_id": None, "torch_dtype": "float32"}
 
 
-def write_bench_config(eos_id: int) -> None:
-    shapes = {HF_BENCH_DIR: dict(dim=1024, hidden=3072, layers=16, heads=8, kv_heads=4, head_dim=128),
-              HF_BENCH_ACCELERATOR_DIR: dict(dim=2048, hidden=6144, layers=28, heads=16, kv_heads=8, head_dim=128,
-                                             vocab=151936)}
-    for folder, shape in shapes.items():
-        folder.mkdir(parents=True, exist_ok=True)
-        config = tiny_hf_qwen3_config(eos_id, **shape)
-        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+def write_hf_configs(eos_id: int, root: Path = HERE) -> None:
+    for folder, shape in HF_CONFIGS.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / folder / "config.json").write_text(json.dumps(hf_model_config(shape, eos_id), indent=2) + "\n")
 
 
 def main() -> None:
@@ -127,10 +108,7 @@ def main() -> None:
     config = {"bos_token": None, "eos_token": EOS, "add_bos_token": False, "model_max_length": 4096}
     (TOKENIZER_DIR / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (TOKENIZER_DIR / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    HF_MODEL_DIR.mkdir(parents=True, exist_ok=True)
-    hf_config = tiny_hf_qwen3_config(tokenizer.token_to_id(EOS))
-    (HF_MODEL_DIR / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    write_bench_config(tokenizer.token_to_id(EOS))
+    write_hf_configs(tokenizer.token_to_id(EOS))
     print(f"wrote {len(docs)} documents to {CORPUS} and a {VOCAB_SIZE}-token tokenizer to {TOKENIZER_DIR}")
 
 

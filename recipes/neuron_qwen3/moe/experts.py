@@ -22,8 +22,9 @@ The last two outputs are the activation checkpoints the backward consumes, in th
 `blockwise_mm_bwd` through nki_kernels.py, which packs the weights into the kernels' layout
 (gate_up_proj_weight [E, H, 2, I], down_proj_weight [E, I, H]: layout.pack_*) and unpacks the
 weight gradients. Elsewhere it runs reference.py, the same blocked computation in PyTorch.
-NEURON_QWEN3_MOE_KERNEL=auto|nki|reference picks the path (auto: nki on neuron devices); the model
-build checks the shapes against every limit of the kernels when the path will be nki.
+The Config's `kernel` (auto|nki|reference; the trainer sets it from `--neuron.moe_kernel`) picks the path
+(auto: nki on neuron devices); the model build checks the shapes against every limit of the kernels when the path
+will be nki.
 
 How it replaces torchtitan's GroupedExperts (torchtitan/models/common/moe.py): RoutedExperts calls
 `inner_experts(x_RD, num_tokens_per_expert_E)` with the routed rows already sorted by expert
@@ -37,14 +38,11 @@ weights cast to bf16, silu(x w1^T) * (x w3^T) w2^T, result cast back to the inpu
 """
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch.distributed.tensor import DTensor
-
-from entrypoint import names
 from torchtitan.config.override import derive, override
 from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.tools import utils as titan_utils
@@ -63,27 +61,21 @@ from neuron_qwen3.moe.reference import reference_backward, reference_forward
 __all__ = ["NKIGroupedExperts", "blockwise_moe_experts", "kernel_path", "nki_grouped_experts"]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+KERNELS = ("auto", "nki", "reference")
 
 
-def kernel_path(device_type: str) -> Literal["nki", "reference"]:
-    """Which implementation the op runs for tensors on `device_type`: NKI on Neuron, else the reference.
-
-    NEURON_QWEN3_MOE_KERNEL is parsed by the launcher's own parser (entrypoint/names.py), so a value the
-    launcher accepts is exactly a value the worker accepts.
-    """
-    choice = names.moe_kernel(os.environ.get(names.MOE_KERNEL_ENV, names.MOE_KERNEL_DEFAULT))
-    if choice == "auto":
+def kernel_path(kernel: str, device_type: str) -> Literal["nki", "reference"]:
+    """Which implementation the op runs for tensors on `device_type`: `kernel`, where auto is NKI on Neuron."""
+    assert kernel in KERNELS, f"kernel {kernel!r} is not one of {', '.join(KERNELS)}"
+    if kernel == "auto":
         return "nki" if device_type == "neuron" else "reference"
-    return choice
+    return kernel
 
 
 @functools.cache
-def _log_kernel_path(path: str, device_type: str) -> None:
+def _log_kernel_path(path: str, device_type: str, kernel: str) -> None:
     # The integration tests grep for "nki_moe kernel path: <path>".
-    logger.info(
-        f"nki_moe kernel path: {path} (device {device_type}, "
-        f"{names.MOE_KERNEL_ENV}={os.environ.get(names.MOE_KERNEL_ENV, names.MOE_KERNEL_DEFAULT)})"
-    )
+    logger.info(f"nki_moe kernel path: {path} (device {device_type}, kernel {kernel})")
 
 
 # ---- the op ------------------------------------------------------------------------------------
@@ -106,18 +98,21 @@ def _blockwise_moe_experts_op(
     token_position_to_id: torch.Tensor,
     block_to_expert: torch.Tensor,
     block_size: int,
+    kernel: str,
+    lnc: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     weights, layout = _objects(hidden_states, w1_EFD, w3_EFD, w2_EDF, token_position_to_id, block_to_expert,
                                block_size)
-    path = kernel_path(hidden_states.device.type)
-    _log_kernel_path(path, hidden_states.device.type)  # here, where the path is taken, compiled or not
-    forward = nki_kernels.moe_cte_forward if path == "nki" else reference_forward
-    return forward(hidden_states, expert_affinities_masked, weights, layout)
+    path = kernel_path(kernel, hidden_states.device.type)
+    _log_kernel_path(path, hidden_states.device.type, kernel)  # here, where the path is taken, compiled or not
+    if path == "nki":
+        return nki_kernels.moe_cte_forward(hidden_states, expert_affinities_masked, weights, layout, lnc)
+    return reference_forward(hidden_states, expert_affinities_masked, weights, layout)
 
 
 @_blockwise_moe_experts_op.register_fake
 def _(hidden_states, expert_affinities_masked, w1_EFD, w3_EFD, w2_EDF, token_position_to_id, block_to_expert,
-      block_size):
+      block_size, kernel, lnc):
     num_rows, dim = hidden_states.shape
     hidden = w1_EFD.shape[1]
     num_blocks = block_to_expert.shape[0]
@@ -141,47 +136,51 @@ def _blockwise_moe_experts_backward_op(
     token_position_to_id: torch.Tensor,
     block_to_expert: torch.Tensor,
     block_size: int,
+    kernel: str,
+    lnc: int,
     affinity_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     weights, layout = _objects(hidden_states, w1_EFD, w3_EFD, w2_EDF, token_position_to_id, block_to_expert,
                                block_size)
     args = (grad_output, hidden_states, expert_affinities_masked, weights, (gate_up_act_T, down_act), layout)
-    if kernel_path(hidden_states.device.type) == "nki":
-        return nki_kernels.blockwise_mm_backward(*args)  # the kernel computes every gradient
+    if kernel_path(kernel, hidden_states.device.type) == "nki":
+        return nki_kernels.blockwise_mm_backward(*args, lnc)  # the kernel computes every gradient
     return reference_backward(*args, affinity_grad=affinity_grad)
 
 
 @_blockwise_moe_experts_backward_op.register_fake
 def _(grad_output, hidden_states, expert_affinities_masked, w1_EFD, w3_EFD, w2_EDF, gate_up_act_T, down_act,
-      token_position_to_id, block_to_expert, block_size, affinity_grad):
+      token_position_to_id, block_to_expert, block_size, kernel, lnc, affinity_grad):
     return tuple(torch.empty_like(t) for t in (hidden_states, expert_affinities_masked, w1_EFD, w3_EFD, w2_EDF))
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    *tensors, token_position_to_id, block_to_expert, block_size = inputs  # hidden, affinities, w1, w3, w2
+    *tensors, token_position_to_id, block_to_expert, block_size, kernel, lnc = inputs  # hidden, affinities, w1, w3, w2
     _, gate_up_act_T, down_act = output
     ctx.save_for_backward(*tensors, gate_up_act_T, down_act, token_position_to_id, block_to_expert)
-    ctx.block_size = block_size
+    ctx.block_size, ctx.kernel, ctx.lnc = block_size, kernel, lnc
     ctx.mark_non_differentiable(gate_up_act_T, down_act)
 
 
 def _backward(ctx, grad_out, _grad_gate_up_act_T, _grad_down_act):
     grads = _blockwise_moe_experts_backward_op(
-        grad_out.contiguous(), *ctx.saved_tensors, ctx.block_size, ctx.needs_input_grad[1]
+        grad_out.contiguous(), *ctx.saved_tensors, ctx.block_size, ctx.kernel, ctx.lnc, ctx.needs_input_grad[1]
     )
-    return (*grads, None, None, None)
+    return (*grads, None, None, None, None, None)
 
 
 _blockwise_moe_experts_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def blockwise_moe_experts(
-    hidden_states: torch.Tensor, expert_affinities_masked: torch.Tensor, weights: ExpertWeights, layout: BlockLayout
+    hidden_states: torch.Tensor, expert_affinities_masked: torch.Tensor, weights: ExpertWeights, layout: BlockLayout,
+    kernel: str = "auto", lnc: int = 2,
 ) -> torch.Tensor:
-    """The experts' combined output [T, H] (see the module docstring); differentiable."""
+    """The experts' combined output [T, H] (see the module docstring); differentiable. `kernel`: see
+    kernel_path; `lnc`: the NKI kernels' logical NeuronCore config."""
     out, _, _ = _blockwise_moe_experts_op(
         hidden_states, expert_affinities_masked, weights.w1_EFD, weights.w3_EFD, weights.w2_EDF,
-        layout.token_position_to_id, layout.block_to_expert, layout.block_size,
+        layout.token_position_to_id, layout.block_to_expert, layout.block_size, kernel, lnc,
     )
     return out
 
@@ -207,6 +206,10 @@ class NKIGroupedExperts(GroupedExperts):
         block_count: Literal["auto", "exact", "static"] = "auto"
         """N: "exact" sum ceil(count/B) (host sync), "static" the bound max_num_blocks (fixed
         shapes for compiled graphs), "auto" static on the NKI path or under torch.compile, else exact."""
+        kernel: Literal["auto", "nki", "reference"] = "auto"
+        """The op's implementation: auto is NKI on Neuron and the reference elsewhere (kernel_path)."""
+        logical_nc_config: int = 2
+        """The NKI kernels' LNC, which must equal the graph's (error NCC_EVRF066)."""
 
     def __init__(self, config: Config):
         super().__init__(config)
@@ -216,14 +219,16 @@ class NKIGroupedExperts(GroupedExperts):
             raise ValueError(f"compute_dtype must be one of {list(_DTYPES)}, got {config.compute_dtype!r}")
         if config.block_count not in ("auto", "exact", "static"):
             raise ValueError(f"block_count must be auto, exact or static, got {config.block_count!r}")
-        # At build, not in the first kernel compile: the device torchtitan picked at import (the
-        # Neuron worker registers `neuron` first) decides whether the kernels will see these shapes.
-        if kernel_path(titan_utils.device_type) == "nki":
-            nki_kernels.check_kernel_shapes(config.dim, config.hidden_dim, config.block_size,
-                                            nki_kernels.logical_nc_config())
+        if config.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {config.kernel!r}")
+        # At build, not in the first kernel compile: the trainer's device (devices.set_up) decides whether the
+        # kernels will see these shapes.
+        if kernel_path(config.kernel, titan_utils.device_type) == "nki":
+            nki_kernels.check_kernel_shapes(config.dim, config.hidden_dim, config.block_size, config.logical_nc_config)
         self.block_size = config.block_size
         self.compute_dtype = _DTYPES[config.compute_dtype]
         self.block_count = config.block_count
+        self.kernel, self.lnc = config.kernel, config.logical_nc_config
 
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         """Same contract as GroupedExperts.forward: rows grouped by expert in, per-row outputs out."""
@@ -235,7 +240,8 @@ class NKIGroupedExperts(GroupedExperts):
         num_rows, dim = x_RD.shape
         num_experts = w1_EFD.shape[0]
         static = self.block_count == "static" or (
-            self.block_count == "auto" and (kernel_path(x_RD.device.type) == "nki" or torch.compiler.is_compiling())
+            self.block_count == "auto"
+            and (kernel_path(self.kernel, x_RD.device.type) == "nki" or torch.compiler.is_compiling())
         )
         num_blocks = max_num_blocks(num_rows, num_experts, self.block_size) if static else None
         layout = presorted_block_layout(num_tokens_per_expert_E, num_rows, self.block_size, num_blocks)
@@ -243,7 +249,8 @@ class NKIGroupedExperts(GroupedExperts):
         dtype = self.compute_dtype
         hidden_T1H = torch.cat([x_RD.to(dtype), x_RD.new_zeros(1, dim, dtype=dtype)])
         weights = ExpertWeights(w1_EFD.to(dtype), w3_EFD.to(dtype), w2_EDF.to(dtype))
-        out_RD = blockwise_moe_experts(hidden_T1H, unit_affinities(layout, num_experts, dtype), weights, layout)
+        out_RD = blockwise_moe_experts(hidden_T1H, unit_affinities(layout, num_experts, dtype), weights, layout,
+                                       self.kernel, self.lnc)
         return out_RD.type_as(x_RD)
 
 
@@ -256,7 +263,7 @@ class NKIGroupedExperts(GroupedExperts):
 def nki_grouped_experts(cfg: GroupedExperts.Config, **settings: object) -> NKIGroupedExperts.Config:
     """Replace a stock GroupedExperts with NKIGroupedExperts (params, init and sharding kept).
 
-    `settings` are NKIGroupedExperts.Config fields (block_size, compute_dtype, block_count),
+    `settings` are NKIGroupedExperts.Config fields (block_size, compute_dtype, block_count, kernel, LNC),
     given as override kwargs; an unknown name raises. `exact=True`: subclasses of
     GroupedExperts.Config (GPT-OSS's experts with biases, FusedGroupedExperts) are left alone.
     """

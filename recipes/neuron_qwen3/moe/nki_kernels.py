@@ -2,7 +2,7 @@
 
 The only module of the recipe that touches `torch_neuronx`, `nki` or `nkilib`, and only inside
 functions: importing it is free anywhere. `experts.py` calls `moe_cte_forward` and
-`blockwise_mm_backward` when its op runs on a `neuron` device (or when NEURON_QWEN3_MOE_KERNEL=nki);
+`blockwise_mm_backward` when its op runs on a `neuron` device (or when its kernel is forced to nki);
 off Neuron they raise ImportError naming the missing package.
 
     forward:  nkilib.core.moe.moe_cte.moe_cte, implementation shard_on_i with
@@ -33,11 +33,9 @@ UNCONFIRMED until then:
 """
 
 import functools
-import os
 
 import torch
 
-from entrypoint import names
 from neuron_qwen3.moe.layout import (
     BlockLayout,
     ExpertWeights,
@@ -47,7 +45,7 @@ from neuron_qwen3.moe.layout import (
     unpack_gate_up,
 )
 
-__all__ = ["KERNEL_LIMITS", "blockwise_mm_backward", "check_kernel_shapes", "logical_nc_config", "moe_cte_forward"]
+__all__ = ["KERNEL_LIMITS", "blockwise_mm_backward", "check_kernel_shapes", "moe_cte_forward"]
 
 BWD_BLOCK_SIZES = (128, 256, 512, 1024)
 DMA_TRANSPOSE_MULTIPLE = 32
@@ -70,14 +68,6 @@ KERNEL_LIMITS = (
 )
 
 
-def logical_nc_config() -> int:
-    """LNC degree of the kernels: the runtime's NEURON_LOGICAL_NC_CONFIG, with the launcher's default.
-
-    The kernel's LNC must equal the graph's (error NCC_EVRF066), so both read the same variable.
-    """
-    return int(os.environ.get(names.LNC_ENV, names.LNC_DEFAULT))
-
-
 def check_kernel_shapes(hidden_dim: int, intermediate_dim: int, block_size: int, lnc: int) -> None:
     """Raise ValueError, one line naming each limit broken and the values, on shapes the kernels reject."""
     broken = [text for text, holds in KERNEL_LIMITS if not holds(hidden_dim, intermediate_dim, block_size, lnc)]
@@ -91,13 +81,13 @@ def _missing(package: str, pip_name: str, error: ImportError) -> ImportError:
         f"nki_moe kernel path: the Neuron package '{package}' is not importable ({error}). "
         f"It comes with the Neuron SDK ({pip_name} from https://pip.repos.neuron.amazonaws.com) and "
         f"runs only on Trainium. Off Trainium the experts run the PyTorch reference: leave "
-        f"{names.MOE_KERNEL_ENV} unset (or set it to 'reference')."
+        f"NEURON_QWEN3_MOE_KERNEL unset (or set it to 'reference')."
     )
 
 
 @functools.cache
-def _kernel_ops():
-    """Import the Neuron packages and register the two kernels as torch ops (once per process)."""
+def _kernel_ops(lnc: int):
+    """Import the Neuron packages and register the two kernels as torch ops (once per process and LNC)."""
     try:
         from torch_neuronx import nki_op, wrap_nki
     except ImportError as e:
@@ -111,8 +101,6 @@ def _kernel_ops():
         from nkilib.experimental.moe.bwd.blockwise_mm_backward import blockwise_mm_bwd
     except ImportError as e:
         raise _missing("nkilib", "neuronx-cc, which bundles nkilib", e) from e
-
-    lnc = logical_nc_config()
 
     @nki.jit(mode="trace")
     def moe_cte_training(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
@@ -183,17 +171,18 @@ def _kernel_ops():
     return moe_cte_op, blockwise_mm_bwd_op
 
 
-def _checked(weights: ExpertWeights, layout: BlockLayout) -> None:
+def _checked(weights: ExpertWeights, layout: BlockLayout, lnc: int) -> None:
     _, intermediate_dim, hidden_dim = weights.shape
-    check_kernel_shapes(hidden_dim, intermediate_dim, layout.block_size, logical_nc_config())
+    check_kernel_shapes(hidden_dim, intermediate_dim, layout.block_size, lnc)
 
 
 def moe_cte_forward(
-    hidden_states: torch.Tensor, expert_affinities_masked: torch.Tensor, weights: ExpertWeights, layout: BlockLayout
+    hidden_states: torch.Tensor, expert_affinities_masked: torch.Tensor, weights: ExpertWeights, layout: BlockLayout,
+    lnc: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """moe_cte with checkpoints: (out [T, H], gate_up_activations_T [N, 2, I, B], down_activations [N, B, H])."""
-    moe_cte_op, _ = _kernel_ops()
-    _checked(weights, layout)
+    moe_cte_op, _ = _kernel_ops(lnc)
+    _checked(weights, layout, lnc)
     out_T1H, gate_up_act_T, down_act = moe_cte_op(
         hidden_states,
         expert_affinities_masked,
@@ -213,10 +202,11 @@ def blockwise_mm_backward(
     weights: ExpertWeights,
     checkpoints: tuple[torch.Tensor, torch.Tensor],
     layout: BlockLayout,
+    lnc: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """blockwise_mm_bwd: grads of (hidden_states, affinities, w1, w3, w2), weights in torchtitan's layout."""
-    _, blockwise_mm_bwd_op = _kernel_ops()
-    _checked(weights, layout)
+    _, blockwise_mm_bwd_op = _kernel_ops(lnc)
+    _checked(weights, layout, lnc)
     gate_up_act_T, down_act = checkpoints
     # The kernel reads T+1 gradient rows like the hidden states; the padding token's is zero.
     grad_T1H = torch.cat([grad_output, grad_output.new_zeros(1, grad_output.shape[1])]).to(hidden_states.dtype)

@@ -1,26 +1,23 @@
-"""Which checkpoint a restart resumes from, decided before torchrun starts, without torch.
+"""Which checkpoint a restart resumes from, decided in the launcher's pre-launch pass (preflight.py).
 
 torchtitan resumes from the highest `step-N` folder of the checkpoint folder that holds a `.metadata` file.
 DCP writes `.metadata` last, after every rank's data files, so a save cut short by SIGTERM or SIGKILL leaves a
 folder without it, which torchtitan skips. Such a folder may also be a save still being written by another
 process (a job that is still stopping), so it is left where it is: only reported. torchtitan does not skip a
 folder whose `.metadata` is there but whose data is not (a truncated copy, a full disk, a lost shard): it loads it
-and crashes, on every restart. So this module checks each `step-N` folder the way DCP will read it: `.metadata`
-unpickles, and every byte range it points to exists in its data file. Only those provably broken folders are
-moved to `<folder>/incomplete/`, where torchtitan does not look, so its own "newest step-N" is the newest complete
-one, including after torchrun restarts workers in place. `incomplete/` keeps only what the latest launch moved
-there (older entries are deleted: full-scale checkpoints are hundreds of GB). A read error other than "not found"
-(EACCES, EIO, ESTALE) proves nothing about the checkpoint: it stops the launch with one line and moves nothing.
-
-`.metadata` is a pickle of torch classes; it is read with an unpickler that replaces every class by an inert
-stand-in, so no torch import and no code from the file runs.
+and crashes, on every restart. So each `step-N` folder is checked the way DCP will read it: its `.metadata` reads
+(torch's own FileSystemReader), and every byte range it points to exists in its data file. Only those provably
+broken folders are moved to `<folder>/incomplete/`, where torchtitan does not look, so its own "newest step-N" is
+the newest complete one, including after torchrun restarts workers in place. `incomplete/` keeps only what the
+latest launch moved there (older entries are deleted: full-scale checkpoints are hundreds of GB). A read error
+other than "not found" (EACCES, EIO, ESTALE) proves nothing about the checkpoint: it stops the launch with one line
+and moves nothing. `.metadata` is a pickle, read here as the workers will read it when they resume: a checkpoint
+folder is trusted input.
 """
 
 import errno
-import io
 import json
 import os
-import pickle
 import re
 import shutil
 import time
@@ -28,47 +25,22 @@ from dataclasses import dataclass
 
 STEP = re.compile(r"step-(\d+)")  # torchtitan's own pattern, searched in each entry of the folder
 ASIDE = "incomplete"  # holds no "step-N" in its name, so torchtitan neither loads nor purges it
-SAFE = {("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset")}
 
 
-class _Inert:
-    """What every pickled class becomes: it records its arguments and state, and does nothing else."""
+def _storage_ranges(folder) -> dict:
+    """{data file: bytes it must hold at least} from a DCP checkpoint's `.metadata`; ValueError if unreadable."""
+    from torch.distributed.checkpoint import FileSystemReader
 
-    def __new__(cls, *args, **kwargs):
-        return object.__new__(cls)
-
-    def __init__(self, *args, **kwargs):
-        self.args = args
-
-    def __setstate__(self, state):
-        if isinstance(state, tuple) and len(state) == 2:  # (dict, slots) from a class with __slots__
-            state = {**(state[0] or {}), **(state[1] or {})}
-        if isinstance(state, dict):
-            self.__dict__.update(state)
-
-
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if (module, name) in SAFE:
-            return super().find_class(module, name)
-        return type(name, (_Inert,), {"__module__": module})
-
-
-def _storage_ranges(metadata_path):
-    """{data file: bytes it must hold at least} from a DCP `.metadata`; ValueError if it cannot be read."""
-    data = _read(metadata_path)
+    _read(os.path.join(folder, ".metadata"))  # a read error is not damage: raised as OSError, one line
     try:
-        metadata = _Unpickler(io.BytesIO(data)).load()
+        metadata = FileSystemReader(str(folder)).read_metadata()
+    except FileNotFoundError:
+        raise
     except Exception as error:  # any unpickling failure means a damaged file
         raise ValueError(f"unreadable .metadata ({type(error).__name__})") from None
-    storage = getattr(metadata, "storage_data", None)
-    if not isinstance(storage, dict):
-        raise ValueError("unrecognised .metadata (no storage_data)")
     needed = {}
-    for info in storage.values():
-        path, offset, length = (getattr(info, key, None) for key in ("relative_path", "offset", "length"))
-        if isinstance(path, str) and isinstance(offset, int) and isinstance(length, int):
-            needed[path] = max(needed.get(path, 0), offset + length)
+    for info in (metadata.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
     return needed
 
 
@@ -118,7 +90,7 @@ def problem(folder) -> str | None:
     if not os.path.isfile(os.path.join(folder, ".metadata")):
         return "no .metadata: the save did not finish"
     try:
-        needed = _storage_ranges(os.path.join(folder, ".metadata"))
+        needed = _storage_ranges(folder)
     except FileNotFoundError:  # gone since isfile: someone else is moving or purging it
         return "no .metadata: the save did not finish"
     except ValueError as error:
@@ -182,18 +154,19 @@ def set_aside(found: Scan) -> tuple:
     return moved, older
 
 
-def prepare(folder, node_rank: int) -> tuple:
-    """Scan `folder` and, on node 0 only (the folder is shared), move the broken checkpoints aside.
+def prepare(folder, node_rank: int, move: bool = True) -> tuple:
+    """Scan `folder` and, on node 0 only (the folder is shared) and when `move`, move the broken checkpoints aside.
 
     Returns (the newest complete step or None, warning lines). Other nodes report the same scan and leave the
     folder alone: node 0 finishes moving before torchrun's rendezvous lets any worker start.
     """
     found = scan(folder)
+    moving = move and node_rank == 0
     lines = [f"checkpoint {os.path.join(folder, name)} is broken ({why}): "
-             + ("moved to " + os.path.join(folder, ASIDE) if node_rank == 0 else "skipped")
+             + ("moved to " + os.path.join(folder, ASIDE) if moving else "skipped")
              for name, _, why in found.broken]
     lines += [f"checkpoint {os.path.join(folder, name)} has no .metadata (a save cut short, or one still being "
               "written): torchtitan skips it; left in place" for name in found.unfinished]
-    if node_rank == 0:
+    if moving:
         lines += [f"deleted {path}: set aside by an earlier launch" for path in set_aside(found)[1]]
     return found.latest, lines

@@ -1,12 +1,12 @@
 """Which checkpoint a restart resumes from: real DCP checkpoints (written by torch), then damaged on purpose.
 
-The launcher reads them without torch; the fixture writes them with torch, as torchtitan does.
-Run: .venv/bin/python -m pytest tests/test_entrypoint_checkpoints.py -q
+The pre-launch pass reads them with torch's own DCP reader (recipes/neuron_qwen3/checkpoints.py); the fixture
+writes them with torch, as torchtitan does.
+Run: .venv/bin/python -m pytest tests/test_checkpoints.py -q
 """
 
 import errno
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import checkpoints
+from neuron_qwen3 import checkpoints
 
 REPO = Path(__file__).resolve().parent.parent
 WRITE = """
@@ -46,11 +46,12 @@ def data_file(step_folder):
 def test_complete_checkpoints_are_found_and_the_newest_wins(folder):
     assert checkpoints.problem(folder / "step-10") is None and checkpoints.problem(folder / "step-20") is None
     assert checkpoints.scan(folder) == checkpoints.Scan(str(folder), 20, ())
+    assert checkpoints.prepare(str(folder), node_rank=0) == (20, [])
     assert checkpoints.scan(folder.parent / "absent") == checkpoints.Scan(str(folder.parent / "absent"), None, ())
 
 
 def test_metadata_ranges_are_really_read(folder):
-    needed = checkpoints._storage_ranges(folder / "step-20" / ".metadata")
+    needed = checkpoints._storage_ranges(folder / "step-20")
     assert needed == {data_file(folder / "step-20").name: data_file(folder / "step-20").stat().st_size}
 
 
@@ -99,21 +100,6 @@ def test_hf_format_last_checkpoint(tmp_path):
     assert checkpoints.problem(step) == "model-1.safetensors is missing"
     (step / "model-1.safetensors").write_bytes(b"x")
     assert checkpoints.problem(step) is None
-
-
-def test_metadata_never_runs_code_from_the_file(tmp_path):
-    """A .metadata crafted to run a command on unpickling is read as inert data: nothing runs."""
-    marker = tmp_path / "ran"
-
-    class Exploit:
-        def __reduce__(self):
-            return os.system, (f"touch {marker}",)
-
-    step = tmp_path / "step-1"
-    step.mkdir()
-    (step / ".metadata").write_bytes(pickle.dumps(Exploit()))
-    assert checkpoints.problem(step) == "unrecognised .metadata (no storage_data)"
-    assert not marker.exists()
 
 
 def test_a_save_still_being_written_is_left_in_place(folder):
@@ -175,3 +161,10 @@ def test_nothing_broken_leaves_incomplete_alone(folder):
     earlier.mkdir(parents=True)
     checkpoints.prepare(str(folder), node_rank=0)
     assert earlier.is_dir()
+
+
+def test_check_moves_nothing(folder):
+    """--check (move=False) reports a broken checkpoint and leaves it where it is."""
+    os.truncate(data_file(folder / "step-20"), 10)
+    latest, lines = checkpoints.prepare(str(folder), node_rank=0, move=False)
+    assert latest == 10 and "skipped" in lines[0] and (folder / "step-20").is_dir()

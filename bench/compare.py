@@ -1,9 +1,9 @@
 """Compare finished runs side by side, or run the three variants alike and compare them.
 
-    python -m neuron_qwen3.compare RUN_DIR RUN_DIR...   each an OUTPUT_DIR (or its report/ folder)
-    python -m neuron_qwen3.compare --run [OUT]          `make compare`: every variant through the launcher with
-                                                        this environment (SCALE, STEPS, COMPILE, NPROC...), each
-                                                        into OUT/<variant> (default $OUTPUT_DIR/compare)
+    python -m bench.compare RUN_DIR RUN_DIR...   each an OUTPUT_DIR (or its report/ folder)
+    python -m bench.compare --run [OUT]          `make compare`: every variant through the launcher with this
+                                                 environment (SCALE, STEPS, COMPILE, NPROC...), each into
+                                                 OUT/<variant> (default $OUTPUT_DIR/compare)
 
 Prints one table (tokens/s, step time, MFU where defined, peak memory, first and last loss, and tokens/s
 relative to the first run) and writes one plot of every run's loss curve (`--plot`, default
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from neuron_qwen3.plots import plot_losses
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 COLUMNS = ("run", "end", "steps", "tokens/s", "x first", "s/step", "MFU %", "peak GiB", "loss first", "loss last")
 
 
@@ -93,7 +93,7 @@ def run_variants(out: Path) -> list:
 
 
 def main(argv=None) -> int:
-    cli = argparse.ArgumentParser(prog="python -m neuron_qwen3.compare", description=__doc__.split("\n\n")[0])
+    cli = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
     cli.add_argument("folders", nargs="*", help="run folders (OUTPUT_DIR or OUTPUT_DIR/report)")
     cli.add_argument("--run", nargs="?", const="", metavar="OUT",
                      help="run every variant first, into OUT/<variant> (default $OUTPUT_DIR/compare)")

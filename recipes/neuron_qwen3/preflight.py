@@ -1,0 +1,273 @@
+"""`python -m neuron_qwen3.preflight`: the launcher's pre-launch pass, in a child with the real libraries.
+
+The launcher (stdlib only, it never imports torch) writes one JSON request on stdin: the workers' exact torchtitan
+arguments and what to do; this process answers one JSON object, the last line of its stdout:
+
+    {"problems": [...], "warnings": [...], "lines": [...], "config": {...} | null, "model": {...} | null}
+
+Each problem and warning is one line; the launcher prints them and, on a problem, starts nothing (exit 2). What is
+checked, with the library that reads it:
+
+| check | problem | warning |
+|---|---|---|
+| versions | torch, torch-neuronx, transformers or torchtitan off image-build.lock, else the locks (read first) | a lock is missing |
+| flags | a flag the config does not have, a bad value (tyro's parse, as the workers parse them) | |
+| config | MODEL of another family than the variant, or no released Qwen3 | |
+| memory | | the sharded weights, gradients and Adam state take over 60 % of a rank's device memory |
+| init_from | no model folder, no weights, another architecture or shape than the run trains | a complete checkpoint wins |
+| export | export.dir inside the checkpoint folder, less free space than the export needs | |
+| dataset | a local source whose records cannot be trained on (data.scan) | |
+| checkpoints | a read error other than "not found" | a broken step-N (moved aside on node 0), an unfinished one |
+"""
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import io
+import json
+import os
+import re
+import shutil
+import sys
+
+from neuron_qwen3 import shapes
+
+CHECKED = ("torch", "torch-neuronx", "transformers", "torchtitan")
+IMAGE_BUILD = "image-build.lock"  # written by the image build (ci/image/record-build.py); only in the image
+IMAGE_LOCK = "requirements.lock"  # what the image installs on top of the Neuron DLC
+HOST_LOCK = "requirements-torch.lock"  # the torch of hosts without the DLC (dev machines, CI, the stand-in base)
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+
+EXPORT_BYTES = {"bfloat16": 2, "float32": 4}
+
+
+def _name(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(path) -> dict:
+    """{normalised name: {versions}} of the `name==version` lines of a pip lock (several when markers differ)."""
+    found = {}
+    with open(path) as f:
+        for line in f:
+            match = PIN.match(line)
+            if match:
+                found.setdefault(_name(match[1]), set()).add(match[2])
+    return found
+
+
+def _same(installed, pinned):
+    """pip's `==` rule: a pin without a local label (+cpu) accepts any local label."""
+    return installed == pinned or ("+" not in pinned and installed.split("+")[0] == pinned)
+
+
+def built_with(lock_dir) -> str | None:
+    """The TORCHTITAN build arg the image was built with (its label, recorded in IMAGE_BUILD); None outside an image."""
+    try:
+        with open(os.path.join(lock_dir, IMAGE_BUILD)) as f:
+            return next((line.split("=", 1)[1].strip() for line in f if line.startswith("# TORCHTITAN=")), None)
+    except FileNotFoundError:
+        return None
+
+
+def versions(lock_dir, version=importlib.metadata.version, neuron_dlc=None) -> tuple[list, list]:
+    """The installed versions of CHECKED against what the image was built with, else against the locks.
+
+    In the image, IMAGE_BUILD records the base's torch and torch-neuronx (no lock pins them: they come with the DLC)
+    and the torchtitan of its TORCHTITAN build arg (the fork replaces the lock's 0.3.0); its versions come first.
+    requirements-torch.lock pins the torch of hosts without the Neuron DLC, so it is not read where torch_neuronx
+    is installed. A missing lock is a warning and skips its pins; IMAGE_BUILD exists only in the image. Returns
+    (problems, warnings); nothing is imported."""
+    if neuron_dlc is None:
+        neuron_dlc = importlib.util.find_spec("torch_neuronx") is not None
+    problems, warnings, pinned = [], [], {}
+    label = built_with(lock_dir)
+    for lock in (IMAGE_BUILD, IMAGE_LOCK) if neuron_dlc else (IMAGE_BUILD, IMAGE_LOCK, HOST_LOCK):
+        path = os.path.join(lock_dir, lock)
+        try:
+            for name, found in pins(path).items():
+                pinned.setdefault(name, (lock, found))
+        except FileNotFoundError:
+            if lock != IMAGE_BUILD:
+                warnings.append(f"no {path}: installed package versions not checked against it")
+    for name in CHECKED:
+        if name not in pinned:
+            continue
+        lock, wanted = pinned[name]
+        source = f"{lock} (this image was built with TORCHTITAN={label})" if lock == IMAGE_BUILD else lock
+        try:
+            have = version(name)
+        except importlib.metadata.PackageNotFoundError:
+            problems.append(f"{name} is not installed but {source} pins {' or '.join(sorted(wanted))}")
+            continue
+        if not any(_same(have, pin) for pin in wanted):
+            problems.append(f"{name} {have} is installed but {source} pins {' or '.join(sorted(wanted))}: "
+                            "rebuild the image (or `make venv`), or PREFLIGHT=warn to run anyway")
+    return problems, warnings
+
+
+def tyro_line(text: str) -> str:
+    """tyro's error box (its message, and the flags it suggests) as one line."""
+    sections = [[line.strip() for line in part.splitlines() if line.strip()]
+                for part in re.split(r"\n\s*-{20,}\s*", text)]
+    message = " ".join(next((part for part in sections[1:] if part), ["the arguments do not parse"]))
+    suggested = [line.split()[0] for part in sections if part and part[0].startswith("Perhaps you meant")
+                 for line in part[1:] if line.startswith("--")]
+    return message + (f" (nearest: {', '.join(suggested[:3])})" if suggested else "")
+
+
+def parse_config(args: list, request: dict):
+    """The config the workers will run, or (None, the problem as one line)."""
+    from torchtitan.config import ConfigManager
+
+    noise = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(noise), contextlib.redirect_stdout(noise):
+            return ConfigManager().parse_args(list(args)), None
+    except SystemExit:  # tyro's exit after printing its box
+        return None, f"torchtitan arguments: {tyro_line(noise.getvalue())}"
+    except ValueError as error:  # ConfigManager: an unknown config function
+        return None, missing_config(str(error), request)
+
+
+def missing_config(error: str, request: dict) -> str:
+    model, variant = request.get("model"), request.get("variant")
+    if model and "not found" in error:
+        flavor = shapes.MODELS.get(model)
+        if flavor is None:
+            return f"MODEL={model!r} is not a released Qwen3 (allowed: {', '.join(shapes.MODELS)})"
+        family = shapes.FLAVORS[flavor].family
+        allowed = [m for m, f in shapes.MODELS.items() if shapes.FLAVORS[f].family != family]
+        return (f"MODEL={model!r} is a {family} Qwen3 and VARIANT={variant} trains the other family (allowed: "
+                f"{', '.join(allowed)})")
+    return error.splitlines()[0]
+
+
+def trained_shape(config) -> shapes.Shape | None:
+    """The shape the run trains: the native model config, or the v5 model's config.json (None: not readable)."""
+    if hasattr(config.model_spec.model, "layers"):
+        return shapes.of_model_config(config.model_spec.model)
+    try:
+        from transformers import AutoConfig
+
+        return shapes.of_model_config(AutoConfig.from_pretrained(config.hf_model))
+    except (OSError, ValueError):
+        return None
+
+
+# Architecture fields of config.json that fix the trained shape, in the order a mismatch is named.
+SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "intermediate_size", "num_experts", "num_experts_per_tok",
+                "moe_intermediate_size", "tie_word_embeddings")
+
+
+def init_from(config, shape: shapes.Shape | None, resume_step) -> tuple[list, list]:
+    """The INIT_FROM folder read as transformers reads it (its config.json, every safetensors header) against the
+    shape the run trains: the first field that differs is named."""
+    source = config.checkpoint.initial_load_path
+    if not source or not config.checkpoint.initial_load_in_hf:
+        return [], []
+    if resume_step is not None:
+        return [], [f"INIT_FROM is ignored: {config.checkpoint.folder} holds a complete checkpoint (step "
+                    f"{resume_step}), and the run resumes from it"]
+    from safetensors import SafetensorError, safe_open
+    from transformers import AutoConfig
+
+    if not os.path.isdir(source):
+        return [f"INIT_FROM={source!r}: no such folder"], []
+    try:
+        found = AutoConfig.from_pretrained(source)
+        weights = sorted(name for name in os.listdir(source) if name.endswith(".safetensors"))
+        if not weights:
+            return [f"INIT_FROM={source!r}: {source} has no *.safetensors weights"], []
+        for name in weights:
+            with safe_open(os.path.join(source, name), "pt"):
+                pass
+    except (OSError, ValueError, SafetensorError) as error:  # no or bad config.json, a bad safetensors header
+        return [f"INIT_FROM={source!r}: {str(error).strip().splitlines()[0]}"], []
+    if shape is None:
+        return [], []
+    trained = shapes.hf_config(shape)
+    try:
+        have = shapes.hf_config(shapes.of_model_config(found))
+    except AttributeError:  # not a Qwen3 config: no such attribute
+        have = {}
+    have["model_type"] = found.model_type
+    for name in SHAPE_FIELDS:
+        if name in trained and have.get(name) != trained[name]:
+            return [f"INIT_FROM={source!r} has {name}={have.get(name)!r} but the run trains {name}={trained[name]!r}"], []
+    return [], []
+
+
+def export(config, parameters: int | None) -> list:
+    target = config.export.dir
+    if not target:
+        return []
+    target = os.path.abspath(target)
+    folder = config.checkpoint.folder if config.checkpoint.enable else None
+    if folder and os.path.commonpath([target, os.path.abspath(folder)]) == os.path.abspath(folder):
+        return [f"EXPORT_DIR={target!r} is inside CHECKPOINT_DIR, where a model folder would be taken for a "
+                "checkpoint: choose another folder"]
+    if parameters is None:
+        return []
+    existing = target
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    needed, free = parameters * EXPORT_BYTES[config.export.dtype], shutil.disk_usage(existing).free
+    if free < needed:
+        return [f"EXPORT_DIR={target!r} has {free >> 20} MiB free but the export needs about {needed >> 20} MiB"]
+    return []
+
+
+def run(request: dict) -> dict:
+    answer = {"problems": [], "warnings": [], "lines": [], "config": None, "model": None}
+    if request.get("locks"):  # first, before torch and torchtitan are imported
+        answer["problems"], answer["warnings"] = versions(request["locks"])
+    config, problem = parse_config(request["args"], request)
+    if problem:
+        answer["problems"].append(problem)
+        return answer
+    if request.get("print_config"):
+        answer["config"] = config.to_dict()
+    shape = trained_shape(config)
+    if shape is not None:
+        fits, why = shapes.fit(shape.parameters(), request["ranks"], request.get("memory_gib"))
+        answer["model"] = {"parameters": shape.parameters(), "fits": fits, "why": why}
+        if not fits:
+            answer["warnings"].append(f"{config.report.model or 'the model'}: {why}")
+    if not request.get("check_files"):
+        return answer
+    from neuron_qwen3 import checkpoints, data
+
+    resume = None
+    if config.checkpoint.enable and config.checkpoint.folder and not config.checkpoint.load_only:
+        try:
+            resume, lines = checkpoints.prepare(config.checkpoint.folder, request["node_rank"],
+                                                move=request.get("fix_checkpoints", False))
+        except OSError as error:
+            answer["problems"].append(str(error))
+            return answer
+        answer["warnings"] += lines
+        answer["lines"].append(f"checkpoints: resuming from step {resume} in {config.checkpoint.folder}"
+                               if resume is not None else
+                               f"checkpoints: none complete in {config.checkpoint.folder}: starting at step 0")
+    problems, warnings = init_from(config, shape, resume)
+    answer["problems"] += problems + export(config, shape.parameters() if shape else None)
+    answer["warnings"] += warnings
+    source = getattr(config.dataloader, "source", None)
+    problem = data.scan(source, config.dataloader.field) if source else None
+    if problem:
+        answer["problems"].append(f"DATASET: {problem}")
+    return answer
+
+
+def main() -> int:
+    request = json.load(sys.stdin)
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the answer alone
+        answer = run(request)
+    print(json.dumps(answer), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
