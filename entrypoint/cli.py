@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from entrypoint import contract, discovery, launch, plan, preflight, selftest
+from entrypoint import contract, discovery, launch, plan, preflight
 from entrypoint.variants import RECIPE_MODULE, VARIANTS
 
 
@@ -117,6 +117,18 @@ def prepare(resolved, settings, environ, root, leases) -> int:
     return code
 
 
+def self_test(settings, environ, root) -> int:
+    """`--self-test`: the devices found here, then the checks that need torch in a child (neuron_qwen3/selftest.py)."""
+    devices = discovery.discover(settings, root)
+    if devices.kind != "neuron":
+        print(f"self-test: no Neuron devices here (found {devices.kind}): this is not a Trainium host; run it on a "
+              "trn2 with `docker run --device=/dev/neuron0 ... IMAGE --self-test`", flush=True)
+        return 2
+    print(f"self-test: PASS devices: {len(devices.nodes)} Neuron devices, {devices.count} logical NeuronCores at "
+          f"LNC {devices.lnc}", flush=True)
+    return launch.run([sys.executable, "-m", f"{RECIPE_MODULE}.selftest"], dict(environ), settings.stop_grace)
+
+
 def main(argv=None, environ=None, root="/") -> int:
     """`root`: where discovery and the /dev checks look (tests give a fake /dev)."""
     environ = os.environ if environ is None else environ
@@ -130,8 +142,8 @@ def main(argv=None, environ=None, root="/") -> int:
         say(f"warning: {line}", environ)
     try:
         settings = contract.parse(environ)
-        if args.self_test:  # the launcher never imports torch: the checks that need it run in children
-            return selftest.run(settings, environ, root)
+        if args.self_test:
+            return self_test(settings, environ, root)
         resolved = plan.build(settings, discovery.discover(settings, root), environ, torchtitan_args,
                               None if args.dry_run or args.check else launched_at)
     except contract.UsageError as error:

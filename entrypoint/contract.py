@@ -16,9 +16,10 @@ from dataclasses import dataclass, field, make_dataclass
 
 from entrypoint.variants import DEFAULT_VARIANT, QWEN3_ID, RECIPE_MODULE, SCALES, VARIANTS
 
-HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
-WORD = re.compile(r"[A-Za-z0-9._-]+")
-MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+HOST = r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?"
+WORD = r"[A-Za-z0-9._-]+"
+IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+MODULE_NAME = rf"{IDENTIFIER}(\.{IDENTIFIER})*"
 SWITCH = {"0": False, "false": False, "no": False, "off": False, "1": True, "true": True, "yes": True, "on": True}
 
 
@@ -26,7 +27,17 @@ class UsageError(Exception):
     """Bad input or an impossible request: main prints it as one line on stderr and exits with status 2."""
 
 
-def choice(options):
+def accepting(allowed):
+    """Give a parser the text that completes "NAME='x' is not ..." in its errors and "accepts" in the docs."""
+    def mark(parse):
+        parse.allowed = allowed
+        return parse
+
+    return mark
+
+
+def choice(*options, allowed=None):
+    @accepting(allowed or "one of: " + ", ".join(options))
     def parse(raw) -> str:
         if raw not in options:
             raise ValueError
@@ -35,20 +46,47 @@ def choice(options):
     return parse
 
 
-def positive_int(raw) -> int:
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError
-    return int(raw)
+def matching(pattern, allowed):
+    @accepting(allowed)
+    def parse(raw) -> str:
+        if not re.fullmatch(pattern, raw):
+            raise ValueError
+        return raw
+
+    return parse
 
 
-def non_negative_int(raw) -> int:
-    if not raw.isdigit():
-        raise ValueError
-    return int(raw)
+def integer(allowed, low=0, high=None, refused=()):
+    @accepting(allowed)
+    def parse(raw) -> int:
+        if not raw.isdigit() or int(raw) < low or (high and int(raw) > high) or int(raw) in refused:
+            raise ValueError
+        return int(raw)
+
+    return parse
 
 
+def text(allowed):
+    return accepting(allowed)(lambda raw: raw)
+
+
+positive_int, non_negative_int = integer("a positive integer", 1), integer("an integer from 0")
+seconds, port = integer("a positive integer (seconds)", 1), integer("a port (1-65535)", 1, 65535)
+keep_count = integer("0 or an integer from 2", refused=(1,))  # torchtitan keeps two at least: the newest may be torn
+word = matching(WORD, "letters, digits, `.`, `_`, `-`")
+module_name = matching(MODULE_NAME, "a Python module name")
+qwen3_id = matching(QWEN3_ID, "a Qwen3 Hub id like Qwen/Qwen3-8B (`--list`)")
+path = text("a path")
+
+
+@accepting("shell words")
+def shell_words(raw) -> tuple:
+    return tuple(shlex.split(raw))
+
+
+@accepting("one of: 1, 2")
 def lnc(raw) -> int:
-    return int(choice(("1", "2"))(raw))
+    return int(choice("1", "2")(raw))
 
 
 def span(part):
@@ -59,65 +97,36 @@ def span(part):
     return low, range(int(low), int(high or low) + 1)
 
 
+@accepting("a core list like 3, 0-3 or 0-3,8 (ascending, no repeats)")
 def core_list(raw) -> tuple:
-    """`3`, `0-3`, `0-3,8`, `0,2,4-7` -> (ids...); reversed ranges and duplicates are refused."""
-    ids = []
-    for part in raw.split(","):
-        ids.extend(span(part.strip())[1])
+    ids = [core for part in raw.split(",") for core in span(part.strip())[1]]
     if len(set(ids)) != len(ids):
         raise ValueError
     return tuple(ids)
 
 
+@accepting("one of: " + ", ".join(SWITCH))
 def switch(raw) -> bool:
     return SWITCH[raw.strip().lower()]
 
 
+@accepting("a comma list of GPU indices")
 def comma_list(raw) -> tuple:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
-def shell_words(raw) -> tuple:
-    return tuple(shlex.split(raw))
-
-
-def port(raw) -> int:
-    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
-        raise ValueError
-    return int(raw)
-
-
+@accepting("a host name or IP address")
 def host(raw) -> str:
-    """A host name or an IPv4/IPv6 address, as a rendezvous endpoint needs it."""
     try:
         ipaddress.ip_address(raw)
-        return raw
     except ValueError:
-        if not HOST.fullmatch(raw):
-            raise
+        matching(HOST, "")(raw)
     return raw
 
 
-def word(raw) -> str:
-    if not WORD.fullmatch(raw):
-        raise ValueError
-    return raw
-
-
-def module_name(raw) -> str:
-    if not MODULE_NAME.fullmatch(raw):
-        raise ValueError
-    return raw
-
-
-def qwen3_id(raw) -> str:
-    if not QWEN3_ID.fullmatch(raw):
-        raise ValueError
-    return raw
-
-
+@accepting("`all`, or local ranks like 0 or 0,3")
 def local_ranks(raw) -> str:
-    """`all`, or local ranks like `0` or `0,3`: torchrun's `--local-ranks-filter`."""
+    """torchrun's `--local-ranks-filter`."""
     if raw == "all":
         return raw
     ranks = [part.strip() for part in raw.split(",")]
@@ -126,18 +135,13 @@ def local_ranks(raw) -> str:
     return ",".join(ranks)
 
 
+@accepting("auto or a positive integer")
 def procs_per_node(raw) -> int | None:
     """Kubeflow's `auto` (every core found) is None, like unset."""
     return None if raw == "auto" else positive_int(raw)
 
 
-def keep_count(raw) -> int:
-    count = non_negative_int(raw)
-    if count == 1:  # torchtitan keeps at least two: the newest may be half-written
-        raise ValueError
-    return count
-
-
+@accepting("a Slurm node list like trn-[001-003,007]")
 def node_list(raw) -> tuple:
     """Slurm's compressed host list: `trn-[001-003,007],head[1-2]` -> ("trn-001", ..., "head2"), padding kept."""
     items, depth, start = [], 0, 0
@@ -172,142 +176,112 @@ def _expand(item):
 class Var:
     name: str
     default: str | None  # None: unset unless given
-    allowed: str  # completes "NAME='x' is not ..." in errors
+    parse: Callable[[str], object]  # raises ValueError outside `parse.allowed`; its return type is the field's
     meaning: str
-    parse: Callable[[str], object] = str  # raises ValueError on a value outside `allowed`; its return type is the field's
-    group: str = "run"  # the docs table it is listed in (DOCS_GROUPS)
-    flag: str = ""  # the torchtitan flag(s) the workers get; one `--section.field` token is rendered `--x=value`
+    group: str = "run"  # the docs table it is listed in (ci/docs.py)
+    flag: str = ""  # the torchtitan flag(s) the workers get; one `--section.field` token is passed `--x=value`
     secret: bool = False  # never shown: not in Settings' repr, redacted from every line the launcher prints
 
+    @property
+    def allowed(self) -> str:
+        return self.parse.allowed
 
-DOCS_GROUPS = {"run": "README.md", "paths": "README.md", "rendezvous": "docs/production.md",
-               "kubeflow": "docs/production.md", "slurm": "docs/production.md", "faults": "docs/production.md",
-               "preflight": "docs/production.md"}
+
 VARS = (
-    Var("VARIANT", DEFAULT_VARIANT, "one of: " + ", ".join(VARIANTS), "which Qwen3 setup to train (`--list`)",
-        choice(tuple(VARIANTS)), flag="--config (with SCALE)"),
-    Var("SCALE", "full", "one of: " + ", ".join(SCALES),
-        "`full`: the article's model on every core; `smoke`: a tiny model, bundled assets, offline; `bench`: "
-        "bundled assets, offline, a model for throughput (CPU: 0.2B, sequence 2048; GPU/Neuron: Qwen3-1.7B's "
-        "shape, sequence 4096)", choice(SCALES), flag="--config (with VARIANT)"),
-    Var("MODEL", None, "a Qwen3 Hub id like Qwen/Qwen3-8B (`--list`)",
-        "full scale: which Qwen3 (size and form) to train; its family (dense, MoE) must be the variant's; default: "
-        "the variant's", qwen3_id, flag="--config <variant>_qwen3_<flavor> --report.model"),
-    Var("CONFIG", None, "a config function name (letters, digits, `_`)",
-        "any config function of MODULE, exactly as torchtitan's `--config`; replaces the one VARIANT and SCALE pick",
-        module_name, flag="--config"),
-    Var("MODULE", RECIPE_MODULE, "a Python module name",
-        "the recipes module (torchtitan's `--module`); mount your own and set CONFIG to train it", module_name,
-        flag="--module"),
-    Var("DEVICE", "auto", "one of: auto, neuron, cuda, cpu",
-        "where to train; `auto`: Neuron if found, else CUDA, else CPU (`cpu` runs the CPU path on any host)",
-        choice(("auto", "neuron", "cuda", "cpu")), flag="--device (the kind found)"),
-    Var("LOG_RANK", "0", "`all`, or local ranks like 0 or 0,3",
-        "whose output the console shows (torchrun `--local-ranks-filter`); every rank's log is kept in OUTPUT_DIR",
-        local_ranks),
-    Var("COMPILE", "0", "one of: " + ", ".join(SWITCH),
-        "1: torch.compile (backend `neuron` on Trainium, `inductor` elsewhere); 0: eager", switch,
+    Var("VARIANT", DEFAULT_VARIANT, choice(*VARIANTS), "which Qwen3 setup to train (`--list`)",
+        flag="--config (with SCALE)"),
+    Var("SCALE", "full", choice(*SCALES), "`full`: the article's model on every core; `smoke`: a tiny model, "
+        "bundled assets, offline; `bench`: bundled assets, offline, a model for throughput (CPU: 0.2B, sequence "
+        "2048; GPU/Neuron: Qwen3-1.7B's shape, sequence 4096)", flag="--config (with VARIANT)"),
+    Var("MODEL", None, qwen3_id, "full scale: which Qwen3 to train, of the variant's family (dense, MoE); default: "
+        "the variant's", flag="--config --report.model"),
+    Var("CONFIG", None, matching(IDENTIFIER, "a config function name (letters, digits, `_`)"),
+        "any config function of MODULE, as torchtitan's `--config`; replaces the one VARIANT and SCALE pick",
+        flag="--config"),
+    Var("MODULE", RECIPE_MODULE, module_name, "the recipes module (torchtitan's `--module`): mount your own and set "
+        "CONFIG", flag="--module"),
+    Var("DEVICE", "auto", choice("auto", "neuron", "cuda", "cpu"), "where to train; `auto`: Neuron if found, else "
+        "CUDA, else CPU", flag="--device (the kind found)"),
+    Var("LOG_RANK", "0", local_ranks, "whose output the console shows; every rank's log is kept in OUTPUT_DIR"),
+    Var("COMPILE", "0", switch, "torch.compile (backend `neuron` on Trainium, `inductor` elsewhere)",
         flag="--compile.enable --compile.backend"),
-    Var("STEPS", None, "a positive integer", "training steps; default: the config's", positive_int,
-        flag="--training.steps"),
-    Var("NPROC", None, "a positive integer",
-        "processes per node; default PET_NPROC_PER_NODE, else one per logical NeuronCore or GPU, 1 on CPU",
-        positive_int),
-    Var("EXTRA_ARGS", "", "shell words",
-        "extra torchtitan arguments, appended last (before the command line's); flags the launcher owns are refused",
-        shell_words),
-    Var("INIT_FROM", None, "`hub` or a path to a Hugging Face model folder",
-        "unset: random init; `hub`: MODEL's Hub weights into ASSETS_DIR/<repo name> (full scale); a path: a local "
-        "Hugging Face model folder (`config.json` + `*.safetensors`), loaded through torchtitan's state-dict adapter",
+    Var("STEPS", None, positive_int, "training steps; default: the config's", flag="--training.steps"),
+    Var("NPROC", None, positive_int, "processes per node; default PET_NPROC_PER_NODE, else one per logical "
+        "NeuronCore or GPU, 1 on CPU"),
+    Var("EXTRA_ARGS", "", shell_words, "more torchtitan arguments, last (before the command line's); flags "
+        "the launcher owns are refused"),
+    Var("INIT_FROM", None, text("`hub` or a path to a Hugging Face model folder"), "unset: random init; `hub`: "
+        "MODEL's Hub weights (full scale); a path: a local model folder (`config.json` + `*.safetensors`), loaded "
+        "through torchtitan's state-dict adapter",
         flag="--checkpoint.initial_load_path --checkpoint.initial_load_in_hf --checkpoint.initial_load_model_only"),
-    Var("EXPORT_DIR", None, "a path",
-        "set: after training (also when the data runs out), a Hugging Face model folder there: config.json, "
-        "safetensors, tokenizer; written atomically", flag="--export.dir"),
-    Var("EXPORT_DTYPE", "bfloat16", "one of: bfloat16, float32", "dtype of the exported weights",
-        choice(("bfloat16", "float32")), flag="--export.dtype"),
-    Var("DATASET", None, "`c4`, a Hub dataset id, or a local .jsonl, .json, .parquet or .txt file or folder",
-        "training data; default c4 at full scale, the bundled corpus at smoke; local files are read offline",
+    Var("EXPORT_DIR", None, path, "after training (also when the data runs out), a Hugging Face model "
+        "folder there (config.json, safetensors, tokenizer), written atomically", flag="--export.dir"),
+    Var("EXPORT_DTYPE", "bfloat16", choice("bfloat16", "float32"), "dtype of the exported weights",
+        flag="--export.dtype"),
+    Var("DATASET", None, text("`c4`, a Hub dataset id, or a local .jsonl, .json, .parquet or .txt file or folder"),
+        "training data; default: the config's (c4 at full scale, the bundled corpus at smoke); local files are "
+        "read offline",
         flag="--dataloader.source"),
-    Var("DATASET_FIELD", "text", "a field name (letters, digits, `.`, `_`, `-`)",
-        "the record field that holds the text; a chat `messages` list (role/content) there makes the run SFT: "
-        "only assistant tokens count in the loss", word, flag="--dataloader.field"),
-    Var("WANDB_MODE", None, "a mode wandb accepts, e.g. offline",
-        "Weights & Biases next to TensorBoard: on with WANDB_API_KEY, or WANDB_MODE=offline (wandb reads both)",
-        flag="--metrics.enable_wandb"),
-    Var("WANDB_API_KEY", None, "a key", "Weights & Biases key (see WANDB_MODE); never printed",
-        flag="--metrics.enable_wandb", secret=True),
-    Var("ASSETS_DIR", "./assets/hf", "a path",
-        "full scale: `--hf_assets_path $ASSETS_DIR/<repo name>` (e.g. `Qwen3-4B`); fetched from the Hub when "
-        "missing", group="paths", flag="--hf_assets_path"),
-    Var("OUTPUT_DIR", "./outputs", "a path", "logs, traces, the run report", group="paths", flag="--dump_folder"),
-    Var("CACHE_DIR", "./cache", "a path",
-        "compile caches, per variant: `<variant>/{neff,hlo,nki}` on Neuron, `<variant>/inductor` elsewhere; "
-        "mount it to keep them", group="paths"),
-    Var("CHECKPOINT_DIR", None, "a path",
-        "checkpoints (`step-N/`), shared by every node; set: save every CHECKPOINT_INTERVAL steps and resume from "
-        "the newest complete one; unset: no checkpoints", group="paths",
+    Var("DATASET_FIELD", "text", matching(WORD, "a field name (letters, digits, `.`, `_`, `-`)"), "the record field "
+        "that holds the text or a chat `messages` list (which makes the run SFT)", flag="--dataloader.field"),
+    Var("WANDB_MODE", None, text("a mode wandb accepts, e.g. offline"), "Weights & Biases beside TensorBoard: on "
+        "with WANDB_API_KEY or WANDB_MODE=offline", flag="--metrics.enable_wandb"),
+    Var("WANDB_API_KEY", None, text("a key"), "Weights & Biases key; never printed", flag="--metrics.enable_wandb",
+        secret=True),
+    Var("ASSETS_DIR", "./assets/hf", path, "full scale: the model's assets in `$ASSETS_DIR/<repo name>`, fetched "
+        "from the Hub when missing", "paths", flag="--hf_assets_path"),
+    Var("OUTPUT_DIR", "./outputs", path, "logs, traces, the run report", "paths", flag="--dump_folder"),
+    Var("CACHE_DIR", "./cache", path, "compile caches, per variant (`<variant>/{neff,hlo,nki}` on Neuron, "
+        "`<variant>/inductor` elsewhere): mount it to keep them", "paths"),
+    Var("CHECKPOINT_DIR", None, path, "checkpoints (`step-N/`), shared by every node: save every "
+        "CHECKPOINT_INTERVAL steps, resume from the newest complete one", "paths",
         flag="--checkpoint.enable --checkpoint.folder"),
-    Var("NEURON_LOGICAL_NC_CONFIG", "2", "one of: 1, 2",
-        "physical NeuronCores per logical core: 2 -> 4 cores per trn2 device, 1 -> 8", lnc,
-        flag="--neuron.logical_nc_config"),
-    Var("NEURON_RT_VISIBLE_CORES", None, "a core list like 3, 0-3 or 0-3,8 (ascending, no repeats)",
-        "logical NeuronCores to use; default all", core_list),
-    Var("CUDA_VISIBLE_DEVICES", None, "a comma list of GPU indices", "GPUs to use; empty: none", comma_list),
-    Var("HF_TOKEN", None, "a token", "Hub token for gated downloads; given to the asset fetch only (not to torchrun "
-        "or the workers), whitespace stripped; never printed", secret=True),
-    Var("HF_HUB_OFFLINE", "0", "one of: " + ", ".join(SWITCH),
-        "1: never download; full-scale assets missing from ASSETS_DIR is then an error", switch),
-    Var("NEURON_QWEN3_MOE_KERNEL", "auto", "one of: auto, nki, reference",
-        "nki_moe expert kernel: `auto` is NKI on Neuron and the PyTorch reference elsewhere",
-        choice(("auto", "nki", "reference")), flag="--neuron.moe_kernel"),
+    Var("NEURON_LOGICAL_NC_CONFIG", "2", lnc, "physical NeuronCores per logical core: 2 -> 4 per trn2 device, "
+        "1 -> 8", flag="--neuron.logical_nc_config"),
+    Var("NEURON_RT_VISIBLE_CORES", None, core_list, "logical NeuronCores to use; default all"),
+    Var("CUDA_VISIBLE_DEVICES", None, comma_list, "GPUs to use; empty: none"),
+    Var("HF_TOKEN", None, text("a token"), "Hub token for gated downloads: for the asset "
+        "fetch only (not torchrun or the workers), whitespace stripped; never printed",
+        secret=True),
+    Var("HF_HUB_OFFLINE", "0", switch, "never download; full-scale assets missing is then an error"),
+    Var("NEURON_QWEN3_MOE_KERNEL", "auto", choice("auto", "nki", "reference"), "nki_moe expert kernel: `auto` is "
+        "NKI on Neuron, the PyTorch reference elsewhere", flag="--neuron.moe_kernel"),
     # ---- multi-node: plain variables win over an engine's, field by field
-    Var("NNODES", None, "a positive integer", "nodes in the job; default PET_NNODES, SLURM_NNODES, else 1",
-        positive_int, "rendezvous"),
-    Var("NODE_RANK", None, "an integer from 0", "this node's rank; 0 hosts the rendezvous; default PET_NODE_RANK, "
-        "SLURM_NODEID, else 0", non_negative_int, "rendezvous"),
-    Var("MASTER_ADDR", None, "a host name or IP address",
-        "rendezvous host (node rank 0); default PET_MASTER_ADDR, the first host of SLURM_JOB_NODELIST", host,
-        "rendezvous"),
-    Var("MASTER_PORT", None, "a port (1-65535)", "rendezvous port; default PET_MASTER_PORT, else 29500", port,
-        "rendezvous"),
-    Var("RDZV_ID", None, "letters, digits, `.`, `_`, `-`",
-        "rendezvous id, the same on every node; default SLURM_JOB_ID, else a hash of the settings all nodes share",
-        word, "rendezvous"),
-    Var("LOCAL_ADDR", None, "a host name or IP address",
-        "multi-node: this node's address for its peers (torchrun `--local-addr`, e.g. the pod IP); default: "
-        "torchrun's guess; one node always uses 127.0.0.1", host, "rendezvous"),
-    Var("PET_NNODES", None, "a positive integer", "set by Kubeflow Trainer: nodes", positive_int, "kubeflow"),
-    Var("PET_NODE_RANK", None, "an integer from 0", "set by Kubeflow Trainer: this node's rank", non_negative_int,
-        "kubeflow"),
-    Var("PET_MASTER_ADDR", None, "a host name or IP address", "set by Kubeflow Trainer: node 0's address", host,
-        "kubeflow"),
-    Var("PET_MASTER_PORT", None, "a port (1-65535)", "set by Kubeflow Trainer: rendezvous port", port, "kubeflow"),
-    Var("PET_NPROC_PER_NODE", None, "auto or a positive integer",
-        "set by Kubeflow Trainer (`numProcPerNode`): processes per node; `auto`: every core found", procs_per_node,
-        "kubeflow"),
-    Var("SLURM_NNODES", None, "a positive integer", "set by Slurm: nodes in the allocation", positive_int, "slurm"),
-    Var("SLURM_NODEID", None, "an integer from 0", "set by Slurm: this node's index in the allocation",
-        non_negative_int, "slurm"),
-    Var("SLURM_JOB_NODELIST", None, "a Slurm node list like trn-[001-003,007]",
-        "set by Slurm: the allocation's hosts; the first one hosts the rendezvous", node_list, "slurm"),
-    Var("SLURM_JOB_ID", None, "letters, digits, `.`, `_`, `-`", "set by Slurm: the job id, used as RDZV_ID", word,
-        "slurm"),
+    Var("NNODES", None, positive_int, "nodes in the job; default PET_NNODES, SLURM_NNODES, else 1", "rendezvous"),
+    Var("NODE_RANK", None, non_negative_int, "this node's rank, 0 hosts the rendezvous; default PET_NODE_RANK, "
+        "SLURM_NODEID, else 0", "rendezvous"),
+    Var("MASTER_ADDR", None, host, "rendezvous host (node rank 0); default PET_MASTER_ADDR, the first host of "
+        "SLURM_JOB_NODELIST", "rendezvous"),
+    Var("MASTER_PORT", None, port, "rendezvous port; default PET_MASTER_PORT, else 29500", "rendezvous"),
+    Var("RDZV_ID", None, word, "rendezvous id, the same on every node; default SLURM_JOB_ID, else a hash of the "
+        "settings all nodes share", "rendezvous"),
+    Var("LOCAL_ADDR", None, host, "this node's address for its peers (torchrun `--local-addr`, e.g. the pod IP); "
+        "default: torchrun's guess; one node uses 127.0.0.1", "rendezvous"),
+    Var("PET_NNODES", None, positive_int, "set by Kubeflow Trainer: nodes", "kubeflow"),
+    Var("PET_NODE_RANK", None, non_negative_int, "set by Kubeflow Trainer: this node's rank", "kubeflow"),
+    Var("PET_MASTER_ADDR", None, host, "set by Kubeflow Trainer: node 0's address", "kubeflow"),
+    Var("PET_MASTER_PORT", None, port, "set by Kubeflow Trainer: rendezvous port", "kubeflow"),
+    Var("PET_NPROC_PER_NODE", None, procs_per_node, "set by Kubeflow Trainer: processes per node (`auto`: every "
+        "core found)", "kubeflow"),
+    Var("SLURM_NNODES", None, positive_int, "set by Slurm: nodes in the allocation", "slurm"),
+    Var("SLURM_NODEID", None, non_negative_int, "set by Slurm: this node's index", "slurm"),
+    Var("SLURM_JOB_NODELIST", None, node_list, "set by Slurm: the hosts; the first hosts the rendezvous", "slurm"),
+    Var("SLURM_JOB_ID", None, word, "set by Slurm: the job id, the rendezvous id", "slurm"),
     # ---- faults and stops
-    Var("CHECKPOINT_INTERVAL", "100", "a positive integer", "steps between checkpoints", positive_int, "faults",
+    Var("CHECKPOINT_INTERVAL", "100", positive_int, "steps between checkpoints", "faults",
         flag="--checkpoint.interval"),
-    Var("CHECKPOINT_KEEP", "3", "0 or an integer from 2", "checkpoints kept, newest first; 0 keeps all",
-        keep_count, "faults", flag="--checkpoint.keep_latest_k"),
-    Var("MAX_RESTARTS", "0", "an integer from 0", "torchrun `--max-restarts`: worker failures survived in place, "
-        "each resuming from the newest checkpoint", non_negative_int, "faults"),
-    Var("STOP_GRACE", "20", "a positive integer (seconds)", "after SIGTERM/SIGINT, seconds before the launcher "
-        "SIGKILLs every process it started: the step in flight and the save on stop must fit", positive_int,
+    Var("CHECKPOINT_KEEP", "3", keep_count, "checkpoints kept, newest first; 0 keeps all", "faults",
+        flag="--checkpoint.keep_latest_k"),
+    Var("MAX_RESTARTS", "0", non_negative_int, "torchrun `--max-restarts`: worker failures survived in place, each "
+        "resuming from the newest checkpoint",
         "faults"),
+    Var("STOP_GRACE", "20", seconds, "after SIGTERM/SIGINT, seconds before everything the launcher started is "
+        "SIGKILLed: the step in flight and the save on stop must fit", "faults"),
     # ---- preflight
-    Var("PREFLIGHT", "strict", "one of: strict, warn",
-        "strict: a failed preflight check stops the launch (exit 2); warn: it is printed as a warning",
-        choice(("strict", "warn")), "preflight"),
-    Var("NEURON_CC_FLAGS", None, "shell words", "Neuron compiler flags; its `--lnc` must equal "
-        "NEURON_LOGICAL_NC_CONFIG", shell_words, "preflight"),
+    Var("PREFLIGHT", "strict", choice("strict", "warn"), "strict: a failed check stops the launch (exit 2); warn: "
+        "it is printed", "preflight"),
+    Var("NEURON_CC_FLAGS", None, shell_words, "Neuron compiler flags; its `--lnc` must equal "
+        "NEURON_LOGICAL_NC_CONFIG", "preflight"),
 )
 SECRETS = tuple(var.name for var in VARS if var.secret)
 

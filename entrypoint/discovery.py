@@ -1,7 +1,7 @@
 """What accelerator this container sees and how many processes it can feed: Neuron, then CUDA, then CPU.
 
-One function per device kind, each reading under a filesystem `root` (default "/"; tests pass a fake /dev).
-Nothing here imports torch or a device runtime: device nodes and `neuron-ls` are enough to count.
+One function per device kind, reading under a filesystem `root` (tests pass a fake /dev); device nodes and
+`neuron-ls` are enough to count, no device runtime is imported.
 """
 
 import json

@@ -1,15 +1,10 @@
 """`python -m entrypoint.fetch_assets REPO DEST [--weights]`: a model's full-scale assets from the Hugging Face Hub.
 
-The launcher runs this as a child process, only at full scale, only when `missing(DEST)` and HF_HUB_OFFLINE is
-not set: the launcher itself stays stdlib-only, and huggingface_hub is imported here, lazily. It is a snapshot
-download (resumable, with huggingface_hub's progress bars) of the files training reads: the tokenizer and the
-model's config.json. The weights are fetched only with `--weights` (INIT_FROM=hub): the article's configs train
-from a random initialisation.
-The token is read from HF_TOKEN by huggingface_hub itself and never put on a command line; everything this
-process prints passes through a filter that replaces it with ***.
-
-Exit status: 0 when the files are there, 1 when the download failed (worth a retry), 2 on bad arguments or when
-DEST's disk has less free space than the weights still to fetch (asked of the Hub before the download).
+A child of the launcher (which stays stdlib-only), run at full scale when DEST lacks what training reads and the Hub
+may be asked: a resumable snapshot download of the tokenizer and config.json, and with `--weights` (INIT_FROM=hub)
+the safetensors. huggingface_hub reads HF_TOKEN itself; everything printed has it replaced with ***. Exit status 0
+when the files are there, 1 when the download failed (worth a retry), 2 on bad arguments or when the weights do not
+fit on DEST's disk (their size asked of the Hub first).
 """
 
 import fnmatch

@@ -51,16 +51,12 @@ def stop_status() -> int | None:
     return 128 + stopped if stopped else None
 
 
-def process_table(proc="/proc"):
-    """{pid: (parent pid, process group, state)} of every process, or None without /proc."""
-    try:
-        names = [name for name in os.listdir(proc) if name.isdigit()]
-    except OSError:
-        return None
+def process_table() -> dict:
+    """{pid: (parent pid, process group, state)} of every process (Linux: the image's and CI's only platform)."""
     table = {}
-    for name in names:
+    for name in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(os.path.join(proc, name, "stat")) as f:
+            with open(f"/proc/{name}/stat") as f:
                 state, ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]  # after "pid (comm)"
         except (OSError, ValueError):
             continue  # gone meanwhile
@@ -68,11 +64,9 @@ def process_table(proc="/proc"):
     return table
 
 
-def process_groups(root_pid, proc="/proc") -> set:
-    """The process group of `root_pid` and of every process below it (from /proc; just its own without /proc)."""
-    table = process_table(proc)
-    if table is None:
-        return {root_pid}
+def process_groups(root_pid) -> set:
+    """The process group of `root_pid` and of every process below it."""
+    table = process_table()
     children = {}
     for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
@@ -94,16 +88,7 @@ def _signal_groups(groups, signum):
 
 def _any_alive(groups) -> bool:
     """Whether a process of `groups` still runs; zombies waiting for their reaper do not count."""
-    table = process_table()
-    if table is not None:
-        return any(pgrp in groups and state != "Z" for _, pgrp, state in table.values())
-    for pgid in groups:
-        try:
-            os.killpg(pgid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            continue
-    return False
+    return any(pgrp in groups and state != "Z" for _, pgrp, state in process_table().values())
 
 
 def _reap(child) -> int | None:

@@ -1,13 +1,10 @@
-"""One live job per CHECKPOINT_DIR: a lease file taken by node rank 0 before the checkpoint housekeeping.
+"""One live job per CHECKPOINT_DIR: a lease file node rank 0 takes before the checkpoint housekeeping.
 
-Two jobs on one folder (a resubmitted job while the old one still stops, a copy-pasted manifest) would purge and
-overwrite each other's `step-N`. Node 0 creates `<CHECKPOINT_DIR>/.lease` with O_EXCL, writes who it is (host, pid,
-job id) into it, and refreshes its modification time every HEARTBEAT seconds while the job runs (a daemon thread);
-it removes the file when the launcher ends. A second launcher finding a lease whose heartbeat is younger than
-STALE refuses to start, with one line. It takes the lease over when the heartbeat is older (the owner was
-SIGKILLed or its node died), when the owner is a process of this host that no longer runs (or this very process:
-a restarted container is PID 1 again), or when the owner has this job's id (Slurm requeues keep SLURM_JOB_ID;
-RDZV_ID set by hand does the same). torchtitan ignores the file: its name holds no `step-N`.
+Two jobs on one folder would purge and overwrite each other's `step-N`. Node 0 creates `<CHECKPOINT_DIR>/.lease`
+(O_EXCL; host, pid, job id inside) and refreshes its modification time every HEARTBEAT seconds while the job runs. A
+second launcher refuses to start while the heartbeat is younger than STALE; it takes over a lease whose heartbeat is
+older, whose process on this host is gone (or is this very process: a restarted container is PID 1 again), or
+which has this job's id (a Slurm requeue keeps SLURM_JOB_ID). torchtitan ignores the file: no `step-N` in its name.
 """
 
 import json

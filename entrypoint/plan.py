@@ -1,9 +1,8 @@
 """Settings + devices -> one torchrun command and the environment it adds: everything a launch will do.
 
-The command is the article's: `torchrun ... -m torchtitan.train --module neuron_qwen3 --config <fn>`, run through
-this interpreter so no PATH lookup is needed, plus the rendezvous of a multi-node job (rendezvous.py) and every
-setting as the torchtitan flag the contract names (contract.Var.flag); `--dry-run` prints the plan instead of
-running it. Nothing here touches the filesystem.
+The article's command, `torchrun ... -m torchtitan.train --module neuron_qwen3 --config <fn>` (through this
+interpreter: no PATH lookup), with the rendezvous (rendezvous.py) and every setting as the torchtitan flag the
+contract names (contract.Var.flag). Nothing here touches the filesystem.
 """
 
 import os

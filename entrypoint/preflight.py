@@ -1,20 +1,8 @@
-"""Checks run after the plan is made and before torchrun starts: one line each.
+"""Checks run after the plan is made and before torchrun starts, one line each (docs/production.md lists them).
 
-The checks here are stdlib only (torch is never imported); the ones that need a file format or the config itself
-(the installed versions against the locks, flags, INIT_FROM, the dataset's records, the checkpoints, the export's
-room) run in one child interpreter with the real libraries, the recipes' pre-launch pass (`recipes_pass`, neuron_qwen3/preflight.py), whose findings come back
-as lines. A failure stops the launch with exit status 2 (PREFLIGHT=warn turns failures into warnings); a warning
-is printed and the launch goes on. Each check is one function returning findings, so tests call them one by one.
-
-| check | failure | warning |
-|---|---|---|
-| runtime | Neuron devices, no torch_neuronx | |
-| lnc | NEURON_CC_FLAGS `--lnc` differs from NEURON_LOGICAL_NC_CONFIG | |
-| held cores | `neuron-ls -j` shows another process on a device this run uses | |
-| limits | | /dev/shm below 1 GiB; nofile below 65536 with many processes; memlock limited with EFA |
-| writable | a cache, checkpoint, output or (when fetching) assets directory cannot be written | |
-| assets | full scale, assets missing, HF_HUB_OFFLINE=1 | |
-| dataset | a Hub id while offline | |
+These are stdlib only; the ones that need a file format or the config itself run in one child with the real
+libraries, the recipes' pre-launch pass (`recipes_pass`, neuron_qwen3/preflight.py). A failure stops the launch
+with exit status 2 (PREFLIGHT=warn turns failures into warnings); a warning is printed and the launch goes on.
 """
 
 import importlib.util

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from entrypoint import selftest
+from neuron_qwen3 import selftest
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"

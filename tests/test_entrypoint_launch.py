@@ -113,10 +113,6 @@ def test_process_groups_reach_workers_in_their_own_sessions(tmp_path):
         launcher.wait(timeout=GRACE + 10)
 
 
-def test_without_proc_only_the_child_group_is_known(tmp_path):
-    assert launch.process_groups(1234, proc=str(tmp_path / "no-proc")) == {1234}
-
-
 def test_a_normal_exit_returns_at_once():
     started = time.monotonic()
     assert launch.run([sys.executable, "-c", "import sys; sys.exit(4)"], None, grace=30) == 4

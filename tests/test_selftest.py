@@ -16,8 +16,7 @@ import pytest
 from conftest import REPO, launcher_at
 from test_nki_kernels import stand_in_neuron_packages
 
-from entrypoint import contract
-from entrypoint import selftest as launcher_selftest
+from entrypoint import cli, contract
 from neuron_qwen3 import selftest
 from neuron_qwen3.moe import nki_kernels
 
@@ -31,13 +30,15 @@ def test_off_neuron_the_launcher_says_so_and_exits_2(tmp_path):
     assert "torch" not in result.stderr
 
 
-def test_devices_verdict_from_the_launchers_discovery(tmp_path, capsys):
+def test_devices_verdict_from_the_launchers_discovery_then_the_child(tmp_path, capsys, monkeypatch):
     (tmp_path / "dev").mkdir()
     for n in range(2):
         (tmp_path / "dev" / f"neuron{n}").touch()
-    check = lambda: launcher_selftest.check_devices(contract.parse({}), str(tmp_path))  # noqa: E731
-    assert launcher_selftest.run_checks([("devices", check)]) == 0
+    ran = []
+    monkeypatch.setattr(cli.launch, "run", lambda argv, env, grace: ran.append(argv) or 0)
+    assert cli.self_test(contract.parse({}), {}, str(tmp_path)) == 0
     assert capsys.readouterr().out == "self-test: PASS devices: 2 Neuron devices, 8 logical NeuronCores at LNC 2\n"
+    assert ran == [[sys.executable, "-m", "neuron_qwen3.selftest"]]
 
 
 def test_one_line_per_check_and_the_first_failure_stops(capsys):
@@ -45,22 +46,22 @@ def test_one_line_per_check_and_the_first_failure_stops(capsys):
 
     def broken():
         ran.append("broken")
-        raise launcher_selftest.Failed("error 3.0e-01 (tolerance 0.01)\nsecond line")
+        raise selftest.Failed("error 3.0e-01 (tolerance 0.01)\nsecond line")
 
     checks = [("first", lambda: "fine"), ("second", broken), ("third", lambda: ran.append("third"))]
-    assert launcher_selftest.run_checks(checks) == 1
+    assert selftest.run_checks(checks) == 1
     assert capsys.readouterr().out.splitlines() == ["self-test: PASS first: fine",
                                                     "self-test: FAIL second: error 3.0e-01 (tolerance 0.01)"]
     assert ran == ["broken"]
-    assert launcher_selftest.run_checks([("a", lambda: "x"), ("b", lambda: "y")]) == 0
+    assert selftest.run_checks([("a", lambda: "x"), ("b", lambda: "y")]) == 0
 
 
-def test_the_worker_checks_run_in_a_child_and_its_failure_is_the_verdict():
-    """Off Neuron the child's runtime check fails; the launcher prints its reason as one line."""
-    with pytest.raises(launcher_selftest.Failed, match=r"runtime \(exit 1\): torch_neuronx is not importable"):
-        launcher_selftest.worker_checks(["runtime"], dict(os.environ))
-    assert launcher_selftest.kernel_env({"NEURON_CC_FLAGS": "-O1 --lnc=2"}, 1) == {
-        "NEURON_CC_FLAGS": "-O1 --lnc=2 --lnc=1", "NEURON_LOGICAL_NC_CONFIG": "1", "NEURON_RT_VISIBLE_CORES": "0"}
+def test_off_neuron_the_child_fails_at_the_runtime_with_one_line():
+    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.selftest"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1
+    [line] = result.stdout.splitlines()
+    assert line.startswith("self-test: FAIL runtime: torch_neuronx is not importable"), line
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ def test_kernel_comparison_fails_on_a_wrong_kernel(stand_in_kernels, monkeypatch
 
 def test_native_verdict():
     good = "step:  1  loss:  7.5\nstep:  2  loss:  7.1\x1b[0m\nstep:  3  loss:  6.9\n"
-    assert launcher_selftest.native_verdict(0, good, 3) == "losses 7.500, 7.100, 6.900"
+    assert selftest.native_verdict(0, good, 3) == "losses 7.500, 7.100, 6.900"
     for code, output in [(1, good), (0, good.replace("6.9", "nan")), (0, "step:  1  loss:  7.5\nboom")]:
-        with pytest.raises(launcher_selftest.Failed, match="exit"):
-            launcher_selftest.native_verdict(code, output, 3)
+        with pytest.raises(selftest.Failed, match="exit"):
+            selftest.native_verdict(code, output, 3)

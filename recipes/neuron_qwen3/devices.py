@@ -62,6 +62,11 @@ def set_up(kind: str) -> str:
     return kind
 
 
+def environment(**changes) -> dict:
+    """This process's environment with `changes`: for the self-test's children (the runtime reads the LNC)."""
+    return {**os.environ, **changes}
+
+
 def processes_per_node(world_size: int) -> int:
     """torchrun's LOCAL_WORLD_SIZE (this worker's node), for the report's node count; `world_size` without one."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))

@@ -1,15 +1,27 @@
-"""`python -m neuron_qwen3.selftest runtime | kernels LNC`: the checks of `--self-test` that need torch.
+"""`--self-test` on a trn2: one verdict line per check, after the launcher's own line for the devices it found.
 
-The launcher's `--self-test` runs them in children (the kernels once per LNC, with the runtime's
-NEURON_LOGICAL_NC_CONFIG set for the child) and prints their lines as its verdicts: `PASS name: detail` for each
-check, `FAIL name: reason` at the first failure (exit 1). Nothing here runs at import: torch is imported by the
-checks that need it.
+    runtime      torch_neuronx imports and a tensor round-trips through a NeuronCore
+    nki_moe      the NKI MoE forward and backward against the PyTorch reference on shapes the kernels take, at
+                 LNC 2 and LNC 1 (a process each: the runtime reads the LNC once), every error printed against the
+                 bf16 tolerance the CPU tests hold the reference to
+    native       three native smoke steps on one NeuronCore, through the article's command typed as by hand
+
+The launcher runs `python -m neuron_qwen3.selftest` when it found Neuron devices; the first failure stops the run
+with exit status 1, all passed is 0. Nothing runs at import: torch is imported by the checks that need it.
 """
 
+import math
+import re
+import subprocess
 import sys
 from dataclasses import dataclass
 
 from neuron_qwen3 import shapes
+
+LNC_ORDER = (2, 1)  # trn2's default first
+PREFIX = "self-test: "  # every verdict line, the launcher's devices line too
+LOSS_LINE = r"step:\s*(\d+)\s+loss:\s*(\S+)"  # torchtitan's metrics line, as the workers print it
+COLOUR = r"\x1b\[[0-9;]*m"  # the terminal colour codes torchtitan puts in that line: strip them before matching
 
 
 @dataclass(frozen=True)
@@ -100,28 +112,75 @@ def compare_kernels(shape: Shape, device: str, lnc: int = 2, seed: int = 0) -> s
     return verdict
 
 
-def checks(argv) -> list:
-    """The (name, check) pairs of `runtime` or `kernels LNC`."""
-    if argv == ["runtime"]:
-        return [("runtime", check_runtime)]
-    if len(argv) == 2 and argv[0] == "kernels" and argv[1] in ("1", "2"):
-        import torch_neuronx  # noqa: F401  the neuron device, before the kernels' tensors need it
+def kernel_checks(lnc: int) -> str:
+    """`kernels LNC`, in this process: every shape at this LNC (the runtime's, set by check_kernels)."""
+    import torch_neuronx  # noqa: F401  the neuron device, before the kernels' tensors need it
 
-        return [(f"nki_moe LNC {argv[1]} {shape.name}", lambda s=shape: compare_kernels(s, "neuron", int(argv[1])))
-                for shape in SHAPES]
-    raise SystemExit("usage: python -m neuron_qwen3.selftest runtime | kernels 1|2")
+    return "; ".join(compare_kernels(shape, "neuron", lnc) for shape in SHAPES)
 
 
-def main(argv=None) -> int:
-    """Each check's verdict line; stop at the first failure (exit 1)."""
-    for name, check in checks(sys.argv[1:] if argv is None else argv):
+def check_kernels(lnc: int) -> str:
+    from neuron_qwen3 import devices
+
+    # The compiler's --lnc must equal the runtime's (error NCC_EVRF066); the last --lnc in NEURON_CC_FLAGS wins.
+    env = devices.environment(NEURON_LOGICAL_NC_CONFIG=str(lnc), NEURON_RT_VISIBLE_CORES="0",
+                              NEURON_CC_FLAGS=f"{devices.environment().get('NEURON_CC_FLAGS', '')} --lnc={lnc}")
+    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.selftest", "kernels", str(lnc)], env=env,
+                            capture_output=True, text=True)
+    last = (result.stdout.strip().splitlines() or [""])[-1].removeprefix(PREFIX)
+    if result.returncode or not last.startswith("PASS "):
+        tail = last.partition(": ")[2] if last.startswith("FAIL ") else (result.stderr.strip().splitlines()
+                                                                          or ["no output"])[-1]
+        raise Failed(f"the LNC {lnc} kernel checks stopped (exit {result.returncode}): {tail}")
+    return last.partition(": ")[2]
+
+
+def losses(output: str) -> dict[int, float]:
+    return {int(step): float(loss) for step, loss in re.findall(LOSS_LINE, re.sub(COLOUR, "", output))}
+
+
+def native_verdict(returncode: int, output: str, steps: int) -> str:
+    found = losses(output)
+    if returncode or sorted(found) != list(range(1, steps + 1)) or not all(map(math.isfinite, found.values())):
+        tail = (output.strip().splitlines() or ["no output"])[-1]
+        raise Failed(f"exit {returncode}, losses {found}: {tail}")
+    return "losses " + ", ".join(f"{found[step]:.3f}" for step in sorted(found))
+
+
+def check_native(steps: int = 3) -> str:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--rdzv_backend", "c10d",
+               "--rdzv_endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", "-m", "torchtitan.train",
+               "--module", "neuron_qwen3", "--config", "native_qwen3_smoke", "--device=neuron",
+               f"--training.steps={steps}", "--dump_folder=/tmp/neuron-qwen3-self-test"]
+    from neuron_qwen3 import devices
+
+    env = devices.environment(NEURON_RT_VISIBLE_CORES="0", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    return native_verdict(result.returncode, result.stdout + result.stderr, steps)
+
+
+def run_checks(checks, stream=None) -> int:
+    """Run (name, check) pairs in order, one verdict line each; stop at the first failure (exit 1)."""
+    for name, check in checks:
         try:
             detail = check()
         except Exception as error:  # a check's own bug is a failure too, in one line
-            print(f"FAIL {name}: {str(error).splitlines()[0] if str(error) else type(error).__name__}", flush=True)
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            print(f"{PREFIX}FAIL {name}: {reason}", file=stream or sys.stdout, flush=True)
             return 1
-        print(f"PASS {name}: {detail}", flush=True)
+        print(f"{PREFIX}PASS {name}: {detail}", file=stream or sys.stdout, flush=True)
     return 0
+
+
+CHECKS = (("runtime", check_runtime), *((f"nki_moe LNC {lnc}", lambda lnc=lnc: check_kernels(lnc)) for lnc in LNC_ORDER),
+          ("native", check_native))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "kernels" and argv[1] in ("1", "2"):
+        return run_checks([(f"nki_moe LNC {argv[1]}", lambda: kernel_checks(int(argv[1])))])
+    return run_checks(CHECKS)
 
 
 if __name__ == "__main__":
