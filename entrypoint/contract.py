@@ -277,6 +277,9 @@ VARS = (
     Var("MAX_RESTARTS", "0", non_negative_int, "torchrun `--max-restarts`: worker failures survived in place, each "
         "resuming from the newest checkpoint",
         "faults"),
+    Var("PEER_TIMEOUT", "100", seconds, "once training runs, how long a silent peer is waited for: by every "
+        "collective and, on every node but 0, by the launcher for the rendezvous host", "faults",
+        flag="--comm.train_timeout_seconds"),
     Var("STOP_GRACE", "20", seconds, "after SIGTERM/SIGINT, seconds before everything the launcher started is "
         "SIGKILLed: the step in flight and the save on stop must fit", "faults"),
     # ---- preflight

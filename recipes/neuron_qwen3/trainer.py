@@ -90,7 +90,7 @@ class RunHooks(Trainer):
         weights.hf_compatible(config)  # before the model is built (weights.py)
         configure_nki_experts(config.override, config.neuron)
         super().__init__(config)
-        self.stop_watch.join()
+        self.stop_watch.join(config.comm)
         self.first_step = None
         self.report = report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
 
