@@ -114,9 +114,8 @@ def _reap(child) -> int | None:
 
 
 def host_watch(endpoint, timeout, done):
-    """A callable: a line once `endpoint`, which answered before, has not answered for `timeout` s, else False. A
-    refused connection is an answer (the host is up, its store between attempts); a host that never answered is
-    torchrun's to judge (RDZV_TIMEOUT: the nodes may start minutes apart). Probes until `done` is set."""
+    """A callable: a line once `endpoint`, which answered before (refusing counts), is silent for `timeout` s, else
+    False; a host never heard is torchrun's to judge (RDZV_TIMEOUT). Probes until `done` is set."""
     host, _, port = endpoint.rpartition(":")
     answered = []
 

@@ -7,11 +7,9 @@ SLURM_JOB_NODELIST). One node uses the article's c10d rendezvous on a free port 
 does not resolve under `docker run --network none`, and the rendezvous then waits forever. More nodes use c10d at
 MASTER_ADDR:MASTER_PORT, hosted by node rank 0, with `--local-addr LOCAL_ADDR` when it is set (e.g. the pod IP).
 
-The rendezvous id is RDZV_ID, else the job's id (SLURM_JOB_ID), else a hash of the node count and the endpoint only:
-nodes started with another STEPS or VARIANT meet, and their workers name the setting that differs and stop
-(recipes/neuron_qwen3/same_config.py); an id hashing the settings kept them apart until the join timeout, with no
-word of why. The nodes wait for each other up to RDZV_TIMEOUT (c10d's `join_timeout`, and `read_timeout`, which
-bounds how long the others wait for node 0's store).
+The rendezvous id is RDZV_ID, else the job's id (SLURM_JOB_ID), else a hash of the node count and endpoint only:
+nodes with another STEPS or VARIANT meet, and their workers name the setting that differs (neuron_qwen3/same_config)
+where an id hashing the settings kept them apart without a word. They wait up to RDZV_TIMEOUT for each other.
 
 torchrun ignores `--node_rank` under c10d (it numbers nodes in the order they join, and warns that the flag is
 ignored), so the node rank is used where c10d does need it: node 0 hosts the rendezvous store

@@ -6,7 +6,7 @@ the others (`nq23n1` at 10.231.0.11, `nq23n2` at 10.231.0.12, each with its own 
 with a socket of its own; all of it is stopped by pid and the namespaces deleted at the end. The jobs run this
 checkout's launcher (`IMAGE=`) at smoke scale on CPU, one process per node, SHARED a temp folder both nodes see,
 OMP_NUM_THREADS=1 everywhere so that one node with two processes computes exactly what two nodes with one do.
-Skipped, with the reason, only where network namespaces cannot be made or Slurm cannot be installed. About 4.5
+Skipped, with the reason, only where network namespaces cannot be made or Slurm cannot be installed. About 4.5-5.5
 minutes on 2 cores, most of it the eight launches and, for the lost node, Slurm's SlurmdTimeout.
 Run: .venv/bin/python -m pytest tests/test_slurm_nodes.py -q -s   (-s prints the measured figures)
 """
