@@ -165,7 +165,8 @@ def main(argv=None, environ=None, root="/") -> int:
         line = shlex.join([f"{name}={value}" for name, value in resolved.env.items()] + list(resolved.argv))
         say(line, environ, sys.stdout)
         workers = {name: value for name, value in environ.items() if name != "HF_TOKEN"}  # only the fetch needs it
-        return launch.run(resolved.argv, {**workers, **resolved.env}, settings.stop_grace)
+        peer = (resolved.rendezvous.endpoint, settings.peer_timeout) if resolved.rendezvous.node_rank else None
+        return launch.run(resolved.argv, {**workers, **resolved.env}, settings.stop_grace, peer)
     finally:
         for held in leases:
             held.release()

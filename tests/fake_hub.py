@@ -68,7 +68,7 @@ def run_launcher(monkeypatch, capsys, environ):
     monkeypatch.setattr(preflight, "recipes_pass", lambda *args, **kwargs: ([], {"lines": []}))
     real_run, launched = launch.run, []
 
-    def run(argv, child_env, grace):
+    def run(argv, child_env, grace, peer=None):
         if "entrypoint.fetch_assets" in argv:
             return real_run(argv, child_env, grace)
         launched.append(argv)
