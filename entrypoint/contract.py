@@ -223,7 +223,10 @@ VARS = (
         "read offline",
         flag="--dataloader.source"),
     Var("DATASET_FIELD", "text", matching(WORD, "a field name (letters, digits, `.`, `_`, `-`)"), "the record field "
-        "that holds the text or a chat `messages` list (which makes the run SFT)", flag="--dataloader.field"),
+        "that holds the text, or a conversation (`messages`, ShareGPT `conversations`; `prompt` + `completion` "
+        "records are one turn), which makes the run SFT", flag="--dataloader.field"),
+    Var("TRAIN_ON", "assistant", choice("assistant", "last", "all"), "conversations: the tokens that count in the "
+        "loss: every assistant turn, the final one, or every token", flag="--dataloader.train_on"),
     Var("WANDB_MODE", None, text("a mode wandb accepts, e.g. offline"), "Weights & Biases beside TensorBoard: on "
         "with WANDB_API_KEY or WANDB_MODE=offline", flag="--metrics.enable_wandb"),
     Var("WANDB_API_KEY", None, text("a key"), "Weights & Biases key; never printed", flag="--metrics.enable_wandb",

@@ -16,7 +16,7 @@ checked, with the library that reads it:
 | memory | | the sharded weights, gradients and Adam state take over 60 % of a rank's device memory |
 | init_from | no model folder, no weights, another architecture or shape than the run trains | a complete checkpoint wins |
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
-| dataset | a local source whose records cannot be trained on (data.scan) | |
+| dataset | a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation (data.scan, every record) | |
 | checkpoints | a read error other than "not found" | a broken step-N (moved aside on node 0), an unfinished one |
 """
 
@@ -255,9 +255,13 @@ def run(request: dict) -> dict:
     answer["problems"] += problems + export(config, shape.parameters() if shape else None)
     answer["warnings"] += warnings
     source = getattr(config.dataloader, "source", None)
-    problem = data.scan(source, config.dataloader.field) if source else None
-    if problem:
-        answer["problems"].append(f"DATASET: {problem}")
+    if source and os.path.exists(source):  # local: every record read as the workers read it (formats, not tokens)
+        found = data.scan(source, config.dataloader.field)
+        if found.problem:
+            answer["problems"].append(f"DATASET: {found.problem}")
+        else:
+            answer["lines"].append(f"dataset: {found.counts['records']} records" + (
+                f", {found.counts['turns']} turns" if found.counts["turns"] else "") + f" in {source}")
     return answer
 
 

@@ -7,13 +7,16 @@ SIGTERM, the run report and the Hugging Face export. The sections below are the 
 fault-tolerance trainer adds `--fault_tolerance.*`: `--export.dir`, `--neuron.logical_nc_config`, ...
 """
 
+import json
 import signal
+import sys
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
 from torchtitan.trainer import Trainer
 
-from neuron_qwen3 import devices, report, same_config, stop, weights
+from neuron_qwen3 import data, devices, report, same_config, stop, weights
 
 # The override.imports entry that swaps the nki_moe experts (moe/experts.py), named here without importing it: a
 # torchtitan without the override registry still runs the other variants.
@@ -81,6 +84,20 @@ def configure_nki_experts(overrides, neuron) -> None:
                                              "logical_nc_config": neuron.logical_nc_config, **kwargs})
 
 
+def fail_on_data(error: data.DataError):
+    """A bad record or data file: its one line, and exit 2. torchtitan's `@record` (on Trainer.__init__ and train)
+    has already written the exception's traceback to torchrun's error file, which torchrun prints in its failure
+    table: the one line replaces it there too."""
+    line = f"neuron_qwen3: {error}"
+    print(line, file=sys.stderr, flush=True)
+    path = devices.torchrun_error_file()
+    if path:
+        with open(path, "w") as f:
+            json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                                  "timestamp": str(int(time.time()))}}}, f)
+    return SystemExit(2)
+
+
 class RunHooks(Trainer):
     """The project's overrides of torchtitan's Trainer, in front of it in both trainers' method order."""
 
@@ -89,7 +106,12 @@ class RunHooks(Trainer):
         self.stop_watch = stop.StopWatch(config.stop.enable)  # a signal during set-up ends the run at step 1
         weights.hf_compatible(config)  # before the model is built (weights.py)
         configure_nki_experts(config.override, config.neuron)
-        super().__init__(config)
+        if isinstance(config.dataloader, data.DataLoader.Config):  # the chat template of the model trained
+            config.dataloader.tokenizer_folder = data.tokenizer_of(config)
+        try:
+            super().__init__(config)  # builds the dataloader, which resolves the source
+        except data.DataError as error:
+            raise fail_on_data(error) from None
         self.stop_watch.join(config.comm)
         self.first_step = None
         self.report = report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
@@ -104,6 +126,14 @@ class RunHooks(Trainer):
             weights.check_coverage(self)  # before the initial load reads Hugging Face keys
             super().train()
             weights.export(self)  # export.dir: also when the data ran out before training.steps; not after a stop
+
+    def batch_generator(self, data_iterable):
+        """torchtitan's, with a bad record met while training as its one line and exit 2."""
+        try:
+            yield from super().batch_generator(data_iterable)
+        except data.DataError as error:
+            self.close()  # stock torchtitan.train closes the trainer on Exception only, not on SystemExit
+            raise fail_on_data(error) from None
 
     def should_continue_training(self) -> bool:
         """torchtitan's test, plus save on stop (stop.py) at each step boundary."""
