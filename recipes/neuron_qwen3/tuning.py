@@ -74,7 +74,7 @@ def batch_problem(config, ranks: int) -> str | None:
     try:
         wanted, per_step = batch(config, ranks)
     except AssertionError as error:
-        return f"parallelism on {ranks} ranks: {error}"
+        return f"parallelism on {ranks} ranks: {str(error) or 'the parallel degrees do not divide the ranks'}"
     if wanted % per_step == 0:
         return None
     local = config.training.local_batch_size
