@@ -80,15 +80,6 @@ def decimal(allowed, low, high):
     return parse
 
 
-@accepting("whole steps, or a fraction of the steps below 1 like 0.03")
-def warmup(raw) -> float:
-    if raw.isdigit():
-        return float(raw)
-    if decimal("", 0, 1)(raw) == 1:
-        raise ValueError
-    return float(raw)
-
-
 def text(allowed):
     return accepting(allowed)(lambda raw: raw)
 
@@ -231,7 +222,8 @@ VARS = (
     Var("STEPS", None, positive_int, "training steps; default: the config's", flag="--training.steps"),
     Var("LR", None, decimal("a number above 0, at most 1, like 2e-5", 0, 1), "peak learning rate, every param "
         "group; default: the config's (8e-4), 2e-5 with INIT_FROM (torchtitan's Qwen3 SFT)", flag="--tune.lr"),
-    Var("WARMUP_STEPS", None, warmup, "linear warm-up to LR; default: the config's, 0.08 with INIT_FROM",
+    Var("WARMUP_STEPS", None, matching(r"\d+|0?\.\d*[1-9]\d*", "whole steps, or a fraction of the steps below 1 "
+        "like 0.03"), "linear warm-up to LR; default: the config's, 0.08 with INIT_FROM",
         flag="--tune.warmup"),
     Var("LR_SCHEDULE", None, choice("linear", "sqrt", "cosine"), "decay after the warm-up (torchtitan's kinds); default: "
         "the config's (linear); constant: EXTRA_ARGS=--lr_scheduler.decay_ratio=0",

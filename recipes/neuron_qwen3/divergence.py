@@ -10,10 +10,11 @@ always logged (hence checked), whatever `metrics.log_freq` says: a step that is 
   written that step's gradients into the weights, so there is nothing to go on with (and each later save would
   push a good checkpoint out).
 - A spike: the loss is above median + factor x spread of the last `window` logged losses, where spread is their
-  median absolute deviation, at least 1 % of the median (a flat curve's tiny MAD must not turn noise into a stop);
-  judged from the MIN_HISTORY-th logged loss on. The defaults, window 20 and factor 10, flag a jump of ten typical
-  deviations (about 6.7 sigma for Gaussian noise) and at least 10 % of the loss. `stop` (NAN_POLICY=stop): one line,
-  exit DIVERGED; `warn`: one warning line, and the run goes on.
+  median absolute deviation, at least 3 % of the median (a flat curve's tiny MAD must not turn noise into a stop);
+  judged once MIN_HISTORY logged losses are behind it. The defaults, window 20 and factor 10, flag a jump of ten
+  typical deviations (about 6.7 sigma for Gaussian noise) and of at least 30 % of the loss, so that one harder batch
+  does not end a run. `stop` (NAN_POLICY=stop): one line, exit DIVERGED; `warn`: one warning line, and the run goes
+  on.
 """
 
 import math
@@ -25,7 +26,7 @@ from torchtitan.tools.logging import logger
 
 DIVERGED = 3  # the worker's exit status; torchrun, and so the launcher, then exit 1 as for any failed worker
 MIN_HISTORY = 5
-RELATIVE_FLOOR = 0.01
+RELATIVE_FLOOR = 0.03
 TORCHTITAN_NOT_FINITE = re.compile(r"Loss is not finite \(global_avg_loss=(\S+?)\) at step (\d+)")
 
 

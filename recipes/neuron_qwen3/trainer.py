@@ -85,7 +85,7 @@ class Divergence:
     window: int = 20
     """How many recent logged losses the spike rule compares with."""
     factor: float = 10.0
-    """A spike: a loss above the window's median + factor x its median absolute deviation (at least 1 % of the
+    """A spike: a loss above the window's median + factor x its median absolute deviation (at least 3 % of the
     median)."""
 
 
