@@ -66,6 +66,20 @@ def integer(allowed, low=0, high=None, refused=()):
     return parse
 
 
+DECIMAL = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?"  # no sign, nan, inf, `_` or hex: what a user means by a number
+
+
+def decimal(allowed, low, high):
+    """A number above `low`, at most `high`."""
+    @accepting(allowed)
+    def parse(raw) -> float:
+        if not re.fullmatch(DECIMAL, raw) or not low < float(raw) <= high:
+            raise ValueError
+        return float(raw)
+
+    return parse
+
+
 def text(allowed):
     return accepting(allowed)(lambda raw: raw)
 
@@ -206,6 +220,19 @@ VARS = (
     Var("COMPILE", "0", switch, "torch.compile (backend `neuron` on Trainium, `inductor` elsewhere)",
         flag="--compile.enable --compile.backend"),
     Var("STEPS", None, positive_int, "training steps; default: the config's", flag="--training.steps"),
+    Var("LR", None, decimal("a number above 0, at most 1, like 2e-5", 0, 1), "peak learning rate, every param "
+        "group; default: the config's (8e-4), 2e-5 with INIT_FROM (torchtitan's Qwen3 SFT)", flag="--tune.lr"),
+    Var("WARMUP_STEPS", None, matching(r"\d+|0?\.\d*[1-9]\d*", "whole steps, or a fraction of the steps below 1 "
+        "like 0.03"), "linear warm-up to LR; default: the config's, 0.08 with INIT_FROM",
+        flag="--tune.warmup"),
+    Var("LR_SCHEDULE", None, choice("linear", "sqrt", "cosine"), "decay after the warm-up (torchtitan's kinds); default: "
+        "the config's (linear); constant: EXTRA_ARGS=--lr_scheduler.decay_ratio=0",
+        flag="--lr_scheduler.decay_type"),
+    Var("BATCH_SIZE", None, positive_int, "sequences per step, a multiple of the local batch x data-parallel ranks "
+        "(the rest is gradient accumulation); default: one of each", flag="--training.global_batch_size"),
+    Var("SEQ_LEN", None, positive_int, "tokens per sequence; default: the config's", flag="--training.seq_len"),
+    Var("SEED", None, integer("an integer from 0 to 4294967295", 0, 2**32 - 1), "torchtitan's RNG seed (model "
+        "initialisation); default: the config's (0 at smoke, else rank 0 draws one)", flag="--debug.seed"),
     Var("NPROC", None, positive_int, "processes per node; default PET_NPROC_PER_NODE, else one per logical "
         "NeuronCore or GPU, 1 on CPU"),
     Var("EXTRA_ARGS", "", shell_words, "more torchtitan arguments, last (before the command line's); flags "
@@ -283,6 +310,9 @@ VARS = (
     Var("PEER_TIMEOUT", "100", seconds, "once training runs, how long a silent peer is waited for: by every "
         "collective and, on every node but 0, by the launcher for the rendezvous host", "faults",
         flag="--comm.train_timeout_seconds"),
+    Var("NAN_POLICY", "stop", choice("stop", "warn"), "a NaN or infinite loss stops the run before its step is "
+        "saved (worker exit 3); a loss jump above its recent median + 10 x spread too, unless `warn`",
+        "faults", flag="--divergence.policy"),
     Var("STOP_GRACE", "20", seconds, "after SIGTERM/SIGINT, seconds before everything the launcher started is "
         "SIGKILLed: the step in flight and the save on stop must fit", "faults"),
     # ---- preflight

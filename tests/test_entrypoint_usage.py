@@ -116,6 +116,12 @@ def test_a_wrong_torchtitan_flag_is_one_line_naming_the_nearest_before_anything_
             "entrypoint: torchtitan arguments: Unrecognized options: --optimizer.lr, 2e-5 (nearest: "
             "--optimizer.param-groups.0.optimizer-kwargs.lr)"], result.stderr
         assert "torch.distributed.run" not in result.stdout
+    for args in (("--check",), ()):  # `--flag=value`, which tyro matches whole: the nearest come from the split
+        result = entrypoint(*args, cwd=work, root=tmp_path, SCALE="smoke", EXTRA_ARGS="--optimizer.lr=1")
+        assert result.returncode == 2 and result.stderr.splitlines() == [
+            "entrypoint: torchtitan arguments: Unrecognized options: --optimizer.lr=1 (nearest: "
+            "--optimizer.param-groups.0.optimizer-kwargs.lr)"], result.stderr
+        assert "torch.distributed.run" not in result.stdout
     bad_value = entrypoint("--check", "--training.steps", "ten", cwd=work, root=tmp_path, SCALE="smoke")
     assert bad_value.returncode == 2 and bad_value.stderr.splitlines() == [
         "entrypoint: torchtitan arguments: Error parsing --training.steps: invalid literal for int() with base 10: "

@@ -57,12 +57,16 @@ def _as(config, cls):
 
 
 def described(variant: str, scale: str):
-    """Mark a config function with what it trains, for the run report (summary.json names them)."""
+    """Mark a config function with what it trains, for the run report (summary.json names them), and with the
+    learning rate and warm-up it sets, which fine-tuning defaults may replace (tuning.py)."""
     def mark(build):
         @functools.wraps(build)
         def config():
             built = build()
             built.report = dataclasses.replace(built.report, variant=variant, scale=scale, config=build.__name__)
+            built.tune = dataclasses.replace(  # what the config set: to tell a flag from it (tuning.py)
+                built.tune, config_lrs=tuple(group.optimizer_kwargs["lr"] for group in built.optimizer.param_groups),
+                config_warmup=built.lr_scheduler.warmup_steps)
             return built
         return config
     return mark

@@ -12,6 +12,7 @@ checked, with the library that reads it:
 |---|---|---|
 | versions | torch, torch-neuronx, transformers or torchtitan off image-build.lock, else the locks (read first) | a lock is missing |
 | flags | a flag the config does not have, a bad value (tyro's parse, as the workers parse them) | |
+| batch | BATCH_SIZE not a multiple of local batch x data-parallel ranks, degrees that do not fit the ranks | |
 | config | MODEL of another family than the variant, or no released Qwen3 | |
 | memory | | the sharded weights, gradients and Adam state take over 60 % of a rank's device memory |
 | init_from | no model folder, no weights, another architecture or shape than the run trains | a complete checkpoint wins |
@@ -30,7 +31,7 @@ import re
 import shutil
 import sys
 
-from neuron_qwen3 import shapes
+from neuron_qwen3 import shapes, tuning
 
 CHECKED = ("torch", "torch-neuronx", "transformers", "torchtitan")
 IMAGE_BUILD = "image-build.lock"  # written by the image build (ci/image/record-build.py); only in the image
@@ -116,8 +117,8 @@ def tyro_line(text: str) -> str:
     return message + (f" (nearest: {', '.join(suggested[:3])})" if suggested else "")
 
 
-def parse_config(args: list, request: dict):
-    """The config the workers will run, or (None, the problem as one line)."""
+def _parse(args: list):
+    """(config, None), or (None, tyro's error box)."""
     from torchtitan.config import ConfigManager
 
     noise = io.StringIO()
@@ -125,9 +126,23 @@ def parse_config(args: list, request: dict):
         with contextlib.redirect_stderr(noise), contextlib.redirect_stdout(noise):
             return ConfigManager().parse_args(list(args)), None
     except SystemExit:  # tyro's exit after printing its box
-        return None, f"torchtitan arguments: {tyro_line(noise.getvalue())}"
+        return None, noise.getvalue()
+
+
+def parse_config(args: list, request: dict):
+    """The config the workers will run, or (None, the problem as one line)."""
+    try:
+        config, box = _parse(args)
     except ValueError as error:  # ConfigManager: an unknown config function
         return None, missing_config(str(error), request)
+    if config is not None:
+        return config, None
+    line = tyro_line(box)
+    split = [word for arg in args for word in (arg.split("=", 1) if arg.startswith("--") else [arg])]
+    if "(nearest:" not in line and split != list(args):  # tyro matches `--flag=value` whole: ask again, split
+        nearest = re.search(r" \(nearest: .*\)$", tyro_line(_parse(split)[1] or ""))
+        line += nearest[0] if nearest else ""
+    return None, f"torchtitan arguments: {line}"
 
 
 def missing_config(error: str, request: dict) -> str:
@@ -227,6 +242,15 @@ def run(request: dict) -> dict:
     if problem:
         answer["problems"].append(problem)
         return answer
+    try:
+        answer["lines"] += tuning.apply(config)  # as the trainer will: --dry-run shows the lr and warm-up that train
+        problem = tuning.batch_problem(config, request["ranks"])
+    except ValueError as error:
+        problem = str(error)
+    if problem:
+        answer["problems"].append(problem)
+        return answer
+    config.training.global_batch_size = tuning.batch(config, request["ranks"])[0]  # -1 as torchtitan resolves it
     if request.get("print_config"):
         answer["config"] = config.to_dict()
     shape = trained_shape(config)

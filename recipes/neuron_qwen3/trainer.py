@@ -3,7 +3,8 @@
 Config functions (config_registry.py) return `Qwen3Trainer.Config` (or v5.py's `Qwen3TransformersTrainer.Config`),
 so `config.build()` builds the hooked trainer, and stock `python -m torchtitan.train --module neuron_qwen3 --config
 <any>` (the article's command, which the launcher runs) gets every hook: the device set-up, stop with a save on
-SIGTERM, the run report and the Hugging Face export. The sections below are the project's flags, as torchtitan's
+SIGTERM, the fine-tuning knobs and defaults (tuning.py), the stop on a diverging loss (divergence.py), the run
+report and the Hugging Face export. The sections below are the project's flags, as torchtitan's
 fault-tolerance trainer adds `--fault_tolerance.*`: `--export.dir`, `--neuron.logical_nc_config`, ...
 """
 
@@ -16,7 +17,9 @@ from typing import Literal
 
 from torchtitan.trainer import Trainer
 
-from neuron_qwen3 import data, devices, report, same_config, stop, weights
+from torchtitan.tools.logging import logger
+
+from neuron_qwen3 import data, devices, divergence, report, same_config, stop, tuning, weights
 
 # The override.imports entry that swaps the nki_moe experts (moe/experts.py), named here without importing it: a
 # torchtitan without the override registry still runs the other variants.
@@ -62,6 +65,33 @@ class Stop:
     """On SIGTERM/SIGINT, finish the step, save it on every rank (with --checkpoint.enable) and exit 128 + N."""
 
 
+@dataclass(kw_only=True, slots=True)
+class Tune:
+    lr: float | None = None
+    """Learning rate of every optimizer param group (LR); None: the config's, 2e-5 with checkpoint.initial_load_path
+    (a fine-tune: tuning.py)."""
+    warmup: float | None = None
+    """Warm-up (WARMUP_STEPS): whole steps, or a fraction of training.steps below 1; None: lr_scheduler.warmup_steps,
+    8 % of the steps with checkpoint.initial_load_path (a fine-tune: tuning.py)."""
+    config_lrs: tuple[float, ...] = ()
+    """The param groups' learning rates as the config function set them (set by it): one that differs now was given
+    (a torchtitan flag, a user's config) and keeps its value in a fine-tune."""
+    config_warmup: int = -1
+    """lr_scheduler.warmup_steps as the config function set it (set by it; -1: unknown), likewise."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Divergence:
+    policy: Literal["stop", "warn"] = "stop"
+    """NAN_POLICY. A NaN or infinite loss always stops the run (exit 3) before its step is saved; a loss spike too
+    with stop, while warn logs it and goes on (divergence.py)."""
+    window: int = 20
+    """How many recent logged losses the spike rule compares with."""
+    factor: float = 10.0
+    """A spike: a loss above the window's median + factor x its median absolute deviation (at least 3 % of the
+    median)."""
+
+
 @dataclass(kw_only=True)
 class RunSettings:
     """The project's sections, shared by the Configs of both trainers (a plain dataclass mixin: two slotted bases
@@ -73,6 +103,8 @@ class RunSettings:
     neuron: Neuron = field(default_factory=Neuron)
     report: Report = field(default_factory=Report)
     stop: Stop = field(default_factory=Stop)
+    tune: Tune = field(default_factory=Tune)
+    divergence: Divergence = field(default_factory=Divergence)
 
 
 def configure_nki_experts(overrides, neuron) -> None:
@@ -108,10 +140,14 @@ class RunHooks(Trainer):
         configure_nki_experts(config.override, config.neuron)
         if isinstance(config.dataloader, data.DataLoader.Config):  # the chat template of the model trained
             config.dataloader.tokenizer_folder = data.tokenizer_of(config)
+        finetune = tuning.apply(config)  # before torchtitan builds the optimizer and the LR schedule from it
         try:
             super().__init__(config)  # builds the dataloader, which resolves the source
         except data.DataError as error:
             raise fail_on_data(error) from None
+        for line in finetune:
+            logger.info(line)
+        self.loss_watch = divergence.attach(self)
         self.stop_watch.join(config.comm)
         self.first_step = None
         self.report = report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
@@ -124,7 +160,12 @@ class RunHooks(Trainer):
     def train(self):
         with self.report.watch():  # summary.json says whether the run finished, stopped or failed
             weights.check_coverage(self)  # before the initial load reads Hugging Face keys
-            super().train()
+            try:
+                super().train()
+            except divergence.Diverged as diverged:
+                logger.error(diverged.args[0])
+                self.close()
+                raise
             weights.export(self)  # export.dir: also when the data ran out before training.steps; not after a stop
 
     def batch_generator(self, data_iterable):
@@ -134,6 +175,13 @@ class RunHooks(Trainer):
         except data.DataError as error:
             self.close()  # stock torchtitan.train closes the trainer on Exception only, not on SystemExit
             raise fail_on_data(error) from None
+
+    def train_step(self, data_iterator):
+        try:
+            super().train_step(data_iterator)
+        except RuntimeError as error:
+            divergence.not_finite(self.loss_watch, error)  # torchtitan's non-finite loss: Diverged, one line
+            raise
 
     def should_continue_training(self) -> bool:
         """torchtitan's test, plus save on stop (stop.py) at each step boundary."""
