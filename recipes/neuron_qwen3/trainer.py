@@ -23,10 +23,12 @@ NKI_EXPERTS = "neuron_qwen3.moe.experts.nki_grouped_experts"
 @dataclass(kw_only=True, slots=True)
 class Export:
     dir: str = ""
-    """After training (also when the data runs out), a Hugging Face model folder here (config.json, safetensors,
-    tokenizer), written atomically; empty: no export."""
+    """After training (also when the data runs out), a Hugging Face model folder here (config.json, safetensors
+    in the Hub's sharded layout, tokenizer), every rank writing its own part, renamed into place; empty: none."""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """dtype of the exported weights"""
+    max_shard_mb: int = 5000
+    """The largest safetensors file, in MB of 10^6 bytes (the Hub's 5GB); a larger tensor is a file of its own."""
 
 
 @dataclass(kw_only=True, slots=True)
