@@ -18,6 +18,9 @@ checked, with the library that reads it:
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
 | dataset | a local source whose records cannot be trained on (data.scan) | |
 | checkpoints | a read error other than "not found" | a broken step-N (moved aside on node 0), an unfinished one |
+
+Before the config is printed it is changed as the workers will change it on their device (trainer.cpu_float32:
+full scale on CPU computes in float32), and a line in "lines" says so.
 """
 
 import contextlib
@@ -227,6 +230,10 @@ def run(request: dict) -> dict:
     if problem:
         answer["problems"].append(problem)
         return answer
+    from neuron_qwen3 import trainer
+
+    precision = trainer.cpu_float32(config, config.device)  # as the workers will (the launcher passes --device)
+    answer["lines"] += [precision] if precision else []
     if request.get("print_config"):
         answer["config"] = config.to_dict()
     shape = trained_shape(config)
