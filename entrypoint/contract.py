@@ -242,9 +242,12 @@ VARS = (
         "through torchtitan's state-dict adapter",
         flag="--checkpoint.initial_load_path --checkpoint.initial_load_in_hf --checkpoint.initial_load_model_only"),
     Var("EXPORT_DIR", None, path, "after training (also when the data runs out), a Hugging Face model "
-        "folder there (config.json, safetensors, tokenizer), written atomically", flag="--export.dir"),
+        "folder there (config.json, safetensors in the Hub's sharded layout, tokenizer): every rank writes its own "
+        "part, the folder is renamed into place", flag="--export.dir"),
     Var("EXPORT_DTYPE", "bfloat16", choice("bfloat16", "float32"), "dtype of the exported weights",
         flag="--export.dtype"),
+    Var("EXPORT_MAX_SHARD_MB", "5000", positive_int, "the export's largest safetensors file, in MB (the Hub's "
+        "5GB)", flag="--export.max_shard_mb"),
     Var("DATASET", None, text("`c4`, a Hub dataset id, or a local .jsonl, .json, .parquet or .txt file or folder"),
         "training data; default: the config's (c4 at full scale, the bundled corpus at smoke); local files are "
         "read offline",

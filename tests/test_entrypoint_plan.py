@@ -148,7 +148,7 @@ def test_every_variable_set_reaches_the_workers_as_its_flag(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("{}")
     environ = {"STEPS": "3", "COMPILE": "1", "MODEL": "Qwen/Qwen3-8B", "INIT_FROM": "/w", "EXPORT_DIR": "e",
-               "EXPORT_DTYPE": "float32", "DATASET": str(data), "DATASET_FIELD": "t", "WANDB_MODE": "offline",
+               "EXPORT_DTYPE": "float32", "EXPORT_MAX_SHARD_MB": "500", "DATASET": str(data), "DATASET_FIELD": "t", "WANDB_MODE": "offline",
                "WANDB_API_KEY": "k", "ASSETS_DIR": "/a", "OUTPUT_DIR": "/o", "CHECKPOINT_DIR": "/c",
                "NEURON_LOGICAL_NC_CONFIG": "1", "NEURON_QWEN3_MOE_KERNEL": "reference", "CHECKPOINT_INTERVAL": "5",
                "CHECKPOINT_KEEP": "2", "DEVICE": "neuron", "LR": "2e-5", "WARMUP_STEPS": "0.03",
@@ -165,6 +165,7 @@ def test_every_variable_set_reaches_the_workers_as_its_flag(tmp_path):
                                            "--training.global_batch_size", "--training.seq_len", "--debug.seed",
                                            "--divergence.policy")] == ["2e-05", "0.03", "cosine", "64", "1024", "7",
                                                                        "warn"]
+    assert after(args, "--export.max_shard_mb") == "500"
 
 
 def test_defaults_are_the_configs_own_and_a_hub_dataset_stays_an_id():

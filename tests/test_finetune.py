@@ -136,7 +136,8 @@ def test_served_as_is_by_transformers(done):
 
     folder = f"{done[0]}/../a"
     config = json.loads(open(f"{folder}/config.json").read())
-    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["torch_dtype"] == "float32"
+    # the dtype under the source's name (transformers 5 writes `dtype`)
+    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["dtype"] == "float32"
     model = transformers.AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     prompt = tokenizer("The quiet cat reads", return_tensors="pt")

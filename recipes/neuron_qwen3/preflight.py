@@ -19,6 +19,9 @@ checked, with the library that reads it:
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
 | dataset | a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation (data.scan, every record) | |
 | checkpoints | a read error other than "not found" | a broken step-N (moved aside on node 0), an unfinished one |
+
+Before the config is printed it is changed as the workers will change it on their device (trainer.cpu_float32:
+full scale on CPU computes in float32), and a line in "lines" says so.
 """
 
 import contextlib
@@ -242,6 +245,10 @@ def run(request: dict) -> dict:
     if problem:
         answer["problems"].append(problem)
         return answer
+    from neuron_qwen3 import trainer
+
+    precision = trainer.cpu_float32(config, config.device)  # as the workers will (the launcher passes --device)
+    answer["lines"] += [precision] if precision else []
     try:
         answer["lines"] += tuning.apply(config)  # as the trainer will: --dry-run shows the lr and warm-up that train
         problem = tuning.batch_problem(config, request["ranks"])

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from torchtitan.tools.logging import logger
@@ -29,10 +30,12 @@ NKI_EXPERTS = "neuron_qwen3.moe.experts.nki_grouped_experts"
 @dataclass(kw_only=True, slots=True)
 class Export:
     dir: str = ""
-    """After training (also when the data runs out), a Hugging Face model folder here (config.json, safetensors,
-    tokenizer), written atomically; empty: no export."""
+    """After training (also when the data runs out), a Hugging Face model folder here (config.json, safetensors
+    in the Hub's sharded layout, tokenizer), every rank writing its own part, renamed into place; empty: none."""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """dtype of the exported weights"""
+    max_shard_mb: int = 5000
+    """The largest safetensors file, in MB of 10^6 bytes (the Hub's 5GB); a larger tensor is a file of its own."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -99,6 +102,9 @@ class RunSettings:
 
     device: Literal["auto", "neuron", "cuda", "cpu"] = "auto"
     """Where this worker trains; auto: Neuron if torch_neuronx imports, else CUDA, else CPU."""
+    cpu_float32: bool = True
+    """On CPU, a full-scale config (report.scale full) computes in float32, its nki_moe experts too: bf16 matmuls
+    are emulated on CPU (a first Qwen3-0.6B step did not finish in 6 minutes)."""
     export: Export = field(default_factory=Export)
     neuron: Neuron = field(default_factory=Neuron)
     report: Report = field(default_factory=Report)
@@ -130,11 +136,33 @@ def fail_on_data(error: data.DataError):
     return SystemExit(2)
 
 
+CPU_FLOAT32 = ("precision: float32 (--training.mixed_precision_param float32{experts}): full scale on CPU, where "
+               "bf16 matmuls are emulated; --no-cpu_float32 keeps the config's")
+
+
+def cpu_float32(config, kind: str) -> str | None:
+    """On CPU (`kind`, the device found), a full-scale config computes in float32, as the bench configs do on CPU;
+    a config of the user's own (no report.scale) decides its own. Returns the line that says so, or None."""
+    if kind != "cpu" or config.report.scale != "full" or not config.cpu_float32:
+        return None
+    config.training.mixed_precision_param = "float32"
+    experts = ""
+    for i, entry in enumerate(config.override.imports):  # the nki_moe experts cast to bf16 themselves
+        target, kwargs = (entry, {}) if isinstance(entry, str) else entry
+        if target == NKI_EXPERTS:
+            config.override.imports[i] = (target, {**kwargs, "compute_dtype": "float32"})
+            experts = ", nki_moe experts compute_dtype float32"
+    return CPU_FLOAT32.format(experts=experts)
+
+
 class RunHooks(Trainer):
     """The project's overrides of torchtitan's Trainer, in front of it in both trainers' method order."""
 
     def __init__(self, config):
-        devices.set_up(config.device)  # before the trainer touches a device (devices.py)
+        kind = devices.set_up(config.device)  # before the trainer touches a device (devices.py)
+        line = cpu_float32(config, kind)
+        if line:
+            logger.info(line)
         self.stop_watch = stop.StopWatch(config.stop.enable)  # a signal during set-up ends the run at step 1
         weights.hf_compatible(config)  # before the model is built (weights.py)
         configure_nki_experts(config.override, config.neuron)
