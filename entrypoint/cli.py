@@ -68,6 +68,8 @@ def dry_run(resolved, settings, environ) -> int:
     findings, answer = preflight.recipes_pass(resolved, settings, environ, print_config=True, check_files=False)
     if reported([f for f in findings if f.fatal], settings, environ) or not answer:
         return 2
+    for line in answer.get("lines", ()):  # EPOCHS: "N epochs = S steps of B sequences"
+        say(line, environ)
     shown = {**asdict(resolved), "model_size": answer["model"], "torchtitan_config": answer["config"]}
     print(contract.redact(json.dumps(shown, indent=2), environ))
     return 0
