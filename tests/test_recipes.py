@@ -44,6 +44,15 @@ def test_v5_uses_the_hub_model_and_transformers_backend():
     assert config.model_spec.name == "transformers_modeling_backend"
 
 
+def test_every_v5_config_masks_attention_per_document():
+    """Packed documents restart their positions; with the backend's default causal mask a document would attend to
+    the ones before it, and v5 would train another function than native (tests/test_data_packed_loss.py)."""
+    names = [name for name in dir(config_registry) if name.startswith("v5_qwen3_")]
+    assert len(names) > 3
+    for name in names:
+        assert getattr(config_registry, name)().model_spec.model.attn_mask_type == "block_causal", name
+
+
 def test_native_is_torchtitans_qwen3_4b():
     spec = config_registry.native_qwen3_4b().model_spec
     assert (spec.name, spec.flavor) == ("qwen3", "4B")
