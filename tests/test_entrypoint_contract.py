@@ -67,7 +67,16 @@ BAD = [("VARIANT", "foo"), ("VARIANT", ""), ("SCALE", "huge"), ("COMPILE", "mayb
        ("CHECKPOINT_KEEP", "1"), ("CHECKPOINT_KEEP", "-2"), ("MAX_RESTARTS", "-1"), ("STOP_GRACE", "0"),
        ("STOP_GRACE", "1.5"), ("PREFLIGHT", "off"), ("HF_HUB_OFFLINE", "maybe"), ("NEURON_CC_FLAGS", "--lnc='2"),
        ("MODEL", "Qwen/Qwen2-7B"), ("MODEL", "meta-llama/Llama-3-8B"), ("MODEL", "Qwen/Qwen3-8b"),
-       ("NEURON_QWEN3_MOE_KERNEL", "NKI")]
+       ("NEURON_QWEN3_MOE_KERNEL", "NKI"), ("VALIDATION", ""), ("VALIDATION", "0"), ("VALIDATION", "1"),
+       ("VALIDATION", "0.0"), ("VALIDATION", "1.5"), ("VALIDATION", "5"), ("VALIDATION", "-0.1"),
+       ("VALIDATION", "--training.steps=9"), ("VALIDATION", "a\nb"), ("VALIDATION_INTERVAL", "0"),
+       ("VALIDATION_INTERVAL", "2.5"), ("EPOCHS", "0"), ("EPOCHS", "-1"), ("EPOCHS", "1.5"), ("EPOCHS", "three"),
+       ("EPOCHS", " 2")]
+
+
+@pytest.mark.parametrize("raw", ["0.05", ".5", "0.999", "data/val.jsonl", "/data/val", "val.parquet"])
+def test_validation_is_a_fraction_or_a_path(raw):
+    assert contract.parse({"VALIDATION": raw}).validation == raw
 
 
 @pytest.mark.parametrize("name, raw", BAD)

@@ -48,7 +48,7 @@ def plot_losses(runs: dict, path: Path, validation: list = ()) -> None:
         ax.plot(steps, losses, color=line.get_color(), alpha=0.3, marker=".", label=f"{label} (raw)")
     if validation:
         ax.plot([v["step"] for v in validation], [v["validation_loss"] for v in validation], color="black",
-                marker="o", label="validation (whole held-out set)")
+                marker="o", label="validation (whole set)")
     ax.legend()
     fig.savefig(path)
     plt.close(fig)

@@ -246,6 +246,8 @@ def epochs(config, request: dict) -> tuple:
 
     if any(arg == "--training.steps" or arg.startswith("--training.steps=") for arg in request["args"]):
         return "STEPS and EPOCHS are both set: EPOCHS derives the steps from the data; give one of them", None
+    if not os.path.exists(config.dataloader.source):
+        return f"EPOCHS needs a local DATASET; {config.dataloader.source} is streamed: give STEPS instead", None
     dims = ParallelDims.from_config(config.parallelism, request["ranks"])
     try:
         return None, f"epochs: {data.epochs.plan(config, dims.dp_replicate * dims.dp_shard).line}"
