@@ -15,12 +15,12 @@ import pytest
 from conftest import REPO, worker_env
 
 pytestmark = pytest.mark.training
-EPOCHS, RANKS, SEQ_LEN = 3, 2, 64
-MARK = re.compile(r"item (\d+)\?")
+EPOCHS, RANKS, SEQ_LEN = 3, 2, 256  # the smoke config's window: several conversations share one
+MARK = re.compile(r"ok (\d+)\.")  # in the trained answer: a piece of a split record without one is left out
 
 
 def conversations(count):
-    """Conversations of different lengths (some longer than a window: cut), each naming its record."""
+    """Conversations of different lengths, each naming its record in its trained answer."""
     return [{"messages": [{"role": "user", "content": f"item {i}? " + "more " * (i % 7) * 4},
                           {"role": "assistant", "content": f"ok {i}."}]} for i in range(count)]
 
@@ -51,7 +51,7 @@ def windows(config, rank, world):
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=config.hf_assets_path)
     loader = DataLoader(config.dataloader, dp_world_size=world, dp_rank=rank, tokenizer=tokenizer,
-                        seq_len=SEQ_LEN, local_batch_size=config.training.local_batch_size)
+                        seq_len=config.training.seq_len, local_batch_size=config.training.local_batch_size)
     found = []
     for inputs, labels in loader.dataset:
         if loader.dataset.reader.epoch >= EPOCHS and (labels == IGNORE_INDEX).all():
@@ -111,9 +111,7 @@ def test_dry_run_prints_the_steps_the_workers_derive(chat):
 
     result = dry_run(DATASET=chat, DATASET_FIELD="messages", EPOCHS=str(EPOCHS), NPROC=str(RANKS))
     assert result.returncode == 0, result.stderr[-2000:]
-    config = loader_config(chat)
-    config.training.seq_len = 256  # the smoke config's
-    plan = epochs.plan(config, RANKS)
+    plan = epochs.plan(loader_config(chat), RANKS)
     assert f"entrypoint: epochs: {plan.line}" in result.stderr.splitlines()
     shown = json.loads(result.stdout)["torchtitan_config"]["dataloader"]
     assert shown["epochs"] == EPOCHS
