@@ -266,7 +266,9 @@ VARS = (
         "SLURM_JOB_NODELIST", "rendezvous"),
     Var("MASTER_PORT", None, port, "rendezvous port; default PET_MASTER_PORT, else 29500", "rendezvous"),
     Var("RDZV_ID", None, word, "rendezvous id, the same on every node; default SLURM_JOB_ID, else a hash of the "
-        "settings all nodes share", "rendezvous"),
+        "node count and endpoint", "rendezvous"),
+    Var("RDZV_TIMEOUT", "600", seconds, "how long the nodes wait for each other at the start and after a worker "
+        "failure (c10d `join_timeout`, `read_timeout`)", "rendezvous"),
     Var("LOCAL_ADDR", None, host, "this node's address for its peers (torchrun `--local-addr`, e.g. the pod IP); "
         "default: torchrun's guess; one node uses 127.0.0.1", "rendezvous"),
     Var("PET_NNODES", None, positive_int, "set by Kubeflow Trainer: nodes", "kubeflow"),
@@ -287,6 +289,9 @@ VARS = (
     Var("MAX_RESTARTS", "0", non_negative_int, "torchrun `--max-restarts`: worker failures survived in place, each "
         "resuming from the newest checkpoint",
         "faults"),
+    Var("PEER_TIMEOUT", "100", seconds, "once training runs, how long a silent peer is waited for: by every "
+        "collective and, on every node but 0, by the launcher for the rendezvous host", "faults",
+        flag="--comm.train_timeout_seconds"),
     Var("STOP_GRACE", "20", seconds, "after SIGTERM/SIGINT, seconds before everything the launcher started is "
         "SIGKILLed: the step in flight and the save on stop must fit", "faults"),
     # ---- preflight

@@ -7,17 +7,24 @@ status is the child's (128 + N if killed by signal N); after a stop signal N a f
 SIGTERM), so Slurm and Kubernetes see a stopped job, not a failed one. As PID 1 it reaps orphans too. `watch()`, at
 the top of main, notes a stop that comes before torchrun starts: nothing more is started. SIGUSR1/2 are ignored
 (neither torchrun nor torchtitan handles them: they killed every worker without a save).
+
+On every node but 0, `host_watch` ends the run once node 0 vanished without a word (no FIN, no RST): torchrun's agent
+then hangs in a call to node 0's TCPStore although its workers' collectives time out (seen: 384 s and counting, torch
+2.14). A worker cannot watch for it: it ends by its own timeout first, and the agent hangs after it.
 """
 
 import os
 import signal
+import socket
 import subprocess
+import threading
 import time
 
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # forwarded to every process group of the child
 IGNORED = (signal.SIGUSR1, signal.SIGUSR2)
 POLL = 0.1  # seconds between looks at the child
 AFTER_KILL = 5  # seconds to wait for the groups to vanish after SIGKILL before giving up on stragglers
+PROBE = 5  # seconds between connection attempts to the rendezvous host, each given as long to answer
 
 
 stopped = None  # the first stop signal this process received; once set, nothing more is started
@@ -106,10 +113,36 @@ def _reap(child) -> int | None:
             child.returncode = os.waitstatus_to_exitcode(status)
 
 
-def run(argv, env, grace) -> int:
-    """Run `argv` to its end or to the stop bound; 128 + N without starting it if stop signal N came before."""
+def host_watch(endpoint, timeout, done):
+    """A callable: a line once `endpoint`, which answered before (refusing counts), is silent for `timeout` s, else
+    False; a host never heard is torchrun's to judge (RDZV_TIMEOUT). Probes until `done` is set."""
+    host, _, port = endpoint.rpartition(":")
+    answered = []
+
+    def probe():
+        while not done.is_set():
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE).close()
+                answered[:] = [time.monotonic()]
+            except ConnectionRefusedError:
+                answered[:] = [time.monotonic()]
+            except OSError:
+                pass
+            done.wait(PROBE)
+
+    threading.Thread(target=probe, name="rendezvous-host-watch", daemon=True).start()
+    return lambda: bool(answered) and time.monotonic() - answered[0] >= timeout and (
+        f"the rendezvous host {endpoint} has not answered for {timeout} s (PEER_TIMEOUT): node 0 is lost")
+
+
+def run(argv, env, grace, peer=None) -> int:
+    """Run `argv` to its end or to the stop bound; 128 + N without starting it if stop signal N came before.
+    `peer`: (the rendezvous endpoint, PEER_TIMEOUT) on every node but 0; once node 0 is lost, everything is killed
+    at once (nothing can be saved without its ranks) and the status is torchrun's, 137."""
     if stopped:
         return stop_status()
+    done = threading.Event()
+    lost = host_watch(*peer, done) if peer else None
     child = None
     early = []  # signals that arrived before the child existed
     deadline = None  # set by the first stop signal
@@ -144,9 +177,12 @@ def run(argv, env, grace) -> int:
             if code is not None and (deadline is None or not _any_alive(groups)):
                 break  # done; after a stop, only once nothing that was signalled is left
             now = time.monotonic()
+            why = lost and deadline is None and lost()
+            if why:
+                deadline = now
             if deadline is not None and now >= deadline and killed_at is None:
                 groups.update(process_groups(child.pid))
-                _say(f"still running {grace} s after the stop signal: killing process groups "
+                _say(f"{why or f'still running {grace} s after the stop signal'}: killing process groups "
                      f"{', '.join(map(str, sorted(groups)))}")
                 _signal_groups(groups, signal.SIGKILL)
                 killed_at = now
@@ -154,6 +190,7 @@ def run(argv, env, grace) -> int:
                 break
             time.sleep(POLL)
     finally:
+        done.set()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     status = 128 - code if code < 0 else code

@@ -21,7 +21,7 @@ OWNED_FLAGS = {"module": "MODULE", "config": "CONFIG (or VARIANT and SCALE)", "d
                "checkpoint.enable": "CHECKPOINT_DIR", "checkpoint.folder": "CHECKPOINT_DIR",
                "checkpoint.keep_latest_k": "CHECKPOINT_KEEP", "checkpoint.interval": "CHECKPOINT_INTERVAL",
                "hf_assets_path": "ASSETS_DIR (and MODEL)", "device": "DEVICE",
-               "neuron.logical_nc_config": "NEURON_LOGICAL_NC_CONFIG"}
+               "neuron.logical_nc_config": "NEURON_LOGICAL_NC_CONFIG", "comm.train_timeout_seconds": "PEER_TIMEOUT"}
 # Variables whose flags depend on other settings: built by the functions below, not passed as they are.
 BUILT = ("CHECKPOINT_INTERVAL", "CHECKPOINT_KEEP", "ASSETS_DIR", "OUTPUT_DIR", "CONFIG", "MODULE", "WANDB_MODE")
 PATHS = ("EXPORT_DIR", "DATASET", "VALIDATION")  # made absolute (data when a local path): workers start elsewhere

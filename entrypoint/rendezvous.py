@@ -7,9 +7,9 @@ SLURM_JOB_NODELIST). One node uses the article's c10d rendezvous on a free port 
 does not resolve under `docker run --network none`, and the rendezvous then waits forever. More nodes use c10d at
 MASTER_ADDR:MASTER_PORT, hosted by node rank 0, with `--local-addr LOCAL_ADDR` when it is set (e.g. the pod IP).
 
-The rendezvous id is RDZV_ID, else the job's id (SLURM_JOB_ID), else a hash of the settings every node must share
-(variant, scale, steps, EXTRA_ARGS, paths, the endpoint): two jobs meeting at one address do not share an id, and
-nodes started with different settings never meet.
+The rendezvous id is RDZV_ID, else the job's id (SLURM_JOB_ID), else a hash of the node count and endpoint only:
+nodes with another STEPS or VARIANT meet, and their workers name the setting that differs (neuron_qwen3/same_config)
+where an id hashing the settings kept them apart without a word. They wait up to RDZV_TIMEOUT for each other.
 
 torchrun ignores `--node_rank` under c10d (it numbers nodes in the order they join, and warns that the flag is
 ignored), so the node rank is used where c10d does need it: node 0 hosts the rendezvous store
@@ -24,8 +24,6 @@ from entrypoint.contract import Settings, UsageError
 
 DEFAULT_PORT = 29500
 LOOPBACK = "127.0.0.1"
-SHARED = ("variant", "scale", "compile", "steps", "extra_args", "checkpoint_dir", "checkpoint_interval",
-          "checkpoint_keep", "max_restarts", "nnodes", "pet_nnodes", "slurm_nnodes")  # the same on every node
 
 
 @dataclass(frozen=True)
@@ -37,20 +35,15 @@ class Rendezvous:
     sources: dict  # field -> the variable it came from, for the plan and the error lines
     nproc_per_node: int | None  # PET_NPROC_PER_NODE; `auto` and unset are None
     local_addr: str | None = None  # this node's address for its peers; 127.0.0.1 on one node
+    timeout: int = 600  # RDZV_TIMEOUT
 
     def torchrun_args(self) -> list:
         local = ["--local-addr", self.local_addr] if self.local_addr else []
         if self.nnodes == 1:
             return ["--rdzv_backend", "c10d", "--rdzv_endpoint", self.endpoint, *local]
+        conf = f"is_host={str(self.node_rank == 0).lower()},join_timeout={self.timeout},read_timeout={self.timeout}"
         return [f"--nnodes={self.nnodes}", "--rdzv_backend", "c10d", "--rdzv_endpoint", self.endpoint,
-                "--rdzv_id", self.run_id, "--rdzv_conf", f"is_host={'true' if self.node_rank == 0 else 'false'}",
-                *local]
-
-
-def settings_id(settings: Settings, endpoint: str) -> str:
-    """`neuron-qwen3-<hash>` of what every node of one job shares: equal on the nodes of a job, not across jobs."""
-    shared = repr([getattr(settings, name) for name in SHARED] + [endpoint])
-    return "neuron-qwen3-" + hashlib.sha256(shared.encode()).hexdigest()[:12]
+                "--rdzv_id", self.run_id, "--rdzv_conf", conf, *local]
 
 
 def _first(*candidates):
@@ -83,8 +76,9 @@ def resolve(settings: Settings) -> Rendezvous:
     port, port_from = _first(("MASTER_PORT", s.master_port), ("PET_MASTER_PORT", s.pet_master_port),
                              ("default", DEFAULT_PORT))
     host = f"[{addr}]" if ":" in addr else addr  # an IPv6 address
+    shared = "neuron-qwen3-" + hashlib.sha256(f"{nnodes} {host}:{port}".encode()).hexdigest()[:12]
     run_id, id_from = _first(("RDZV_ID", s.rdzv_id), ("SLURM_JOB_ID", s.slurm_job_id),
-                             ("the shared settings", settings_id(s, f"{host}:{port}")))
+                             ("the node count and endpoint", shared))
     sources = {"nnodes": nnodes_from, "node_rank": rank_from, "master_addr": addr_from, "master_port": port_from,
                "run_id": id_from}
-    return Rendezvous(nnodes, rank, f"{host}:{port}", run_id, sources, nproc, s.local_addr)
+    return Rendezvous(nnodes, rank, f"{host}:{port}", run_id, sources, nproc, s.local_addr, s.rdzv_timeout)

@@ -68,8 +68,8 @@ def run_launcher(monkeypatch, capsys, environ):
     monkeypatch.setattr(preflight, "recipes_pass", lambda *args, **kwargs: ([], {"lines": []}))
     real_run, launched = launch.run, []
 
-    def run(argv, child_env, grace):
-        if "entrypoint.fetch_assets" in argv:
+    def run(argv, child_env, grace, peer=None):
+        if "neuron_qwen3.fetch" in argv:
             return real_run(argv, child_env, grace)
         launched.append(argv)
         return 0

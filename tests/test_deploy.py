@@ -166,6 +166,11 @@ FAKE_SRUN = """#!/bin/bash
 printf '%s\\n' "$@" > "$FAKE_SRUN_LOG"
 while [[ $# -gt 0 && $1 == -* ]]; do shift; done
 [[ -n ${FAKE_SRUN_EXEC:-} ]] && SLURM_NODEID=$FAKE_NODEID exec "$@"
+node=0
+for code in ${FAKE_TASK_STATUSES:-}; do  # each task's launcher exits with its code, through the script's wrapper
+    SLURM_NODEID=$node "$1" "$2" "$3" "$4" sh -c "exit $code"
+    node=$((node + 1))
+done
 exit ${FAKE_SRUN_STATUS:-0}
 """
 FAKE_SCONTROL = """#!/bin/bash
@@ -215,6 +220,17 @@ def test_sbatch_asks_for_sigterm_before_the_limit_and_requeues_a_stopped_job(sru
         assert (tmp_path / "scontrol").read_text().split() == ["requeue", "4242"]
 
 
+@pytest.mark.parametrize("tasks, status, requeued", [("143 143", 143, True), ("1 143", 1, False),
+                                                     ("143 2", 2, False)])
+def test_sbatch_requeues_only_when_every_node_stopped(srun, tmp_path, tasks, status, requeued):
+    """srun returns the highest status; when one node fails, --kill-on-bad-exit SIGTERMs the others (143)."""
+    env = {**srun, "IMAGE": "", "NEURON_QWEN3_HOME": str(REPO), "FAKE_SRUN_STATUS": "143", "FAKE_TASK_STATUSES": tasks}
+    result = subprocess.run(["bash", str(SBATCH)], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == status, result.stderr
+    assert (tmp_path / "scontrol").exists() is requeued
+    assert sorted(p.name for p in (tmp_path / "fsx" / "outputs" / "qwen3-4242" / ".status").iterdir()) == ["0", "1"]
+
+
 def test_sbatch_without_image_gives_the_launcher_a_slurm_rendezvous(srun, tmp_path):
     env = {**srun, "IMAGE": "", "NEURON_QWEN3_HOME": str(REPO), "PYTHON": sys.executable, "FAKE_SRUN_EXEC": "1",
            "FAKE_NODEID": "1", "DEVICE": "cpu"}
@@ -224,4 +240,4 @@ def test_sbatch_without_image_gives_the_launcher_a_slurm_rendezvous(srun, tmp_pa
     assert shown["rendezvous"]["endpoint"] == "trn-001:29500" and shown["rendezvous"]["run_id"] == "4242"
     assert (shown["rendezvous"]["nnodes"], shown["rendezvous"]["node_rank"]) == (2, 1)
     assert shown["checkpoint_dir"] == f"{tmp_path}/fsx/outputs/qwen3-4242/checkpoint"  # the job's own folder
-    assert "--max-restarts=1" in shown["argv"] and "is_host=false" in shown["argv"]
+    assert "--max-restarts=1" in shown["argv"] and "is_host=false,join_timeout=600,read_timeout=600" in shown["argv"]

@@ -105,7 +105,7 @@ def test_dry_run_does_not_import_torch(tmp_path):
 def test_every_launcher_module_is_stdlib_only():
     """The launch path (preflight, checkpoints, assets, rendezvous, launch) imports nothing outside the stdlib."""
     code = ("import sys, sysconfig; import entrypoint.cli, entrypoint.preflight, "
-            "entrypoint.fetch_assets, entrypoint.rendezvous, entrypoint.launch, entrypoint.lease; "
+            "entrypoint.rendezvous, entrypoint.launch, entrypoint.lease; "
             "roots = {sysconfig.get_path(k) for k in ('stdlib', 'platstdlib')}; "
             "print('\\n'.join(m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None) "
             "and not any(m.__file__.startswith(r) for r in roots)))")
@@ -134,7 +134,7 @@ def test_launch_line_redacts_the_token_and_returns_the_child_status(tmp_path, mo
                "SCALE": "smoke", "CACHE_DIR": str(tmp_path / "cache"), "OUTPUT_DIR": str(tmp_path / "out"),
                "PREFLIGHT": "warn"}  # --x.y is no flag of the config: the pre-launch pass says so, as a warning here
     launched = []
-    monkeypatch.setattr(launch, "run", lambda argv, env, grace: launched.append((argv, env, grace)) or 5)
+    monkeypatch.setattr(launch, "run", lambda argv, env, grace, peer: launched.append((argv, env, grace, peer)) or 5)
     assert cli.main([], environ, root=str(tmp_path)) == 5
     line, err = capsys.readouterr()
     assert line.count("\n") == 1 and "torch.distributed.run" in line
@@ -142,6 +142,20 @@ def test_launch_line_redacts_the_token_and_returns_the_child_status(tmp_path, mo
     assert "warning: torchtitan arguments: Unrecognized options: --x.y, ***" in err
     assert "HF_TOKEN" not in launched[0][1]  # only the asset fetch gets it
     assert launched[0][2] == int(VAR["STOP_GRACE"].default)
+    assert launched[0][3] is None  # one node: no rendezvous host to watch
+
+
+def test_every_node_but_0_watches_the_rendezvous_host(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch, "watch", lambda: None)
+    environ = {"PATH": os.environ["PATH"], "SCALE": "smoke", "CACHE_DIR": str(tmp_path / "cache"),
+               "OUTPUT_DIR": str(tmp_path / "out"), "NNODES": "2", "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29400",
+               "PEER_TIMEOUT": "42", "PREFLIGHT": "warn"}
+    peers = []
+    monkeypatch.setattr(launch, "run", lambda argv, env, grace, peer: peers.append((peer, argv)) or 0)
+    for rank in ("0", "1"):
+        assert cli.main([], {**environ, "NODE_RANK": rank}, root=str(tmp_path)) == 0
+    assert [peer for peer, _ in peers] == [None, ("10.0.0.7:29400", 42)]  # node 0 hosts the store
+    assert all("--comm.train_timeout_seconds=42" in argv for _, argv in peers)  # every collective's bound too
 
 
 CHILD = """

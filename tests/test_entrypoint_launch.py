@@ -7,8 +7,10 @@ Run: .venv/bin/python -m pytest tests/test_entrypoint_launch.py -q
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -125,6 +127,88 @@ def pid_namespace_available():
                               timeout=20).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+def watched(monkeypatch, outcomes, timeout):
+    """host_watch of a stand-in connect that meets each outcome in turn, the last one for ever (None: connected)."""
+    monkeypatch.setattr(launch, "PROBE", 0.02)
+    calls = iter(outcomes)
+
+    def connect(address, timeout):
+        outcome = next(calls, outcomes[-1])
+        if outcome:
+            raise outcome
+        return socket.socket()
+
+    monkeypatch.setattr(launch.socket, "create_connection", connect)
+    done = threading.Event()
+    return launch.host_watch("trn-001:29500", timeout, done), done
+
+
+def test_a_host_that_answered_and_falls_silent_is_lost_after_peer_timeout(monkeypatch):
+    lost, done = watched(monkeypatch, [None, TimeoutError(), OSError(113, "No route to host")], 0.5)
+    try:
+        began = time.monotonic()
+        while not lost() and time.monotonic() - began < 10:
+            time.sleep(0.01)
+        took = time.monotonic() - began
+    finally:
+        done.set()
+    assert lost() == "the rendezvous host trn-001:29500 has not answered for 0.5 s (PEER_TIMEOUT): node 0 is lost"
+    assert 0.45 <= took < 2, took
+
+
+@pytest.mark.parametrize("outcome", [ConnectionRefusedError(), socket.gaierror(-2, "Name or service not known")])
+def test_a_refusing_host_is_up_and_a_host_never_seen_is_torchruns_to_judge(monkeypatch, outcome):
+    """Refused: the host is up, its store between two attempts. Never answered: RDZV_TIMEOUT decides."""
+    lost, done = watched(monkeypatch, [outcome], 0.2)
+    time.sleep(0.6)
+    done.set()
+    assert lost() is False
+
+
+def test_the_watch_reaches_a_real_listener():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        done = threading.Event()
+        lost = launch.host_watch("127.0.0.1:%d" % server.getsockname()[1], 0, done)
+        began = time.monotonic()
+        while not lost() and time.monotonic() - began < 10:  # timeout 0: lost as soon as it has answered once
+            time.sleep(0.01)
+        done.set()
+    assert lost(), "the listener never answered"
+
+
+LOST = """import os, socket, sys
+from entrypoint.launch import run
+ready = os.path.join(sys.argv[1], "worker.pid")
+def connect(address, timeout):  # node 0 answers until the worker runs, then is silent
+    if os.path.exists(ready):
+        raise TimeoutError
+    return socket.socket()
+socket.create_connection = connect
+sys.exit(run(sys.argv[2:], None, 60, ("trn-001:29500", 1)))
+"""
+
+
+def test_a_lost_node_0_kills_everything_at_once(tmp_path):
+    """No grace (no save can succeed without node 0's ranks), even for processes that ignore SIGTERM, as torchrun
+    stuck in a TCPStore call does; the status is torchrun's, killed by SIGKILL."""
+    launcher = subprocess.Popen([sys.executable, "-c", LOST, str(tmp_path), sys.executable, "-c", AGENT, str(tmp_path),
+                                 "ignore", "ignore"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        began = time.monotonic()
+        status = launcher.wait(timeout=60)
+        took = time.monotonic() - began
+        stderr = launcher.stderr.read()
+        assert status == 137 and "entrypoint: the rendezvous host trn-001:29500 has not answered for 1 s " \
+            "(PEER_TIMEOUT): node 0 is lost: killing process groups" in stderr, stderr
+        assert took < 20, f"{took:.1f} s: the 60 s grace was waited"
+        assert not alive(int((tmp_path / "worker.pid").read_text()))
+    finally:
+        launcher.kill()
+
 
 
 @pytest.mark.skipif(not pid_namespace_available(), reason="needs `unshare --pid` (root or user namespaces)")

@@ -196,7 +196,7 @@ def test_warn_mode_prints_the_failure_and_launches(tmp_path, monkeypatch, capsys
     environ = {"PATH": os.environ["PATH"], "SCALE": "smoke", "PREFLIGHT": "warn",
                "CACHE_DIR": str(tmp_path / "a-file"), "OUTPUT_DIR": str(tmp_path / "o")}
     launched = []
-    monkeypatch.setattr(launch, "run", lambda argv, env, grace: launched.append(argv) or 0)
+    monkeypatch.setattr(launch, "run", lambda argv, env, grace, peer=None: launched.append(argv) or 0)
     assert cli.main([], environ, root=str(tmp_path)) == 0
     out, err = capsys.readouterr()
     assert "entrypoint: warning: " in err and "(TORCHINDUCTOR_CACHE_DIR) is below" in err

@@ -37,8 +37,9 @@ def test_plain_variables():
     found = resolve(NNODES="4", NODE_RANK="2", MASTER_ADDR="head.example", MASTER_PORT="1234", RDZV_ID="run-7")
     assert (found.nnodes, found.node_rank, found.endpoint, found.run_id) == (4, 2, "head.example:1234", "run-7")
     assert found.torchrun_args() == ["--nnodes=4", "--rdzv_backend", "c10d", "--rdzv_endpoint", "head.example:1234",
-                                     "--rdzv_id", "run-7", "--rdzv_conf", "is_host=false"]
-    assert resolve(NNODES="2", NODE_RANK="0", MASTER_ADDR="h").torchrun_args()[-1] == "is_host=true"
+                                     "--rdzv_id", "run-7", "--rdzv_conf",
+                                     "is_host=false,join_timeout=600,read_timeout=600"]
+    assert resolve(NNODES="2", NODE_RANK="0", MASTER_ADDR="h").torchrun_args()[-1].startswith("is_host=true,")
     assert resolve(NNODES="2", NODE_RANK="1", MASTER_ADDR="h").endpoint == f"h:{rendezvous.DEFAULT_PORT}"
     assert resolve(NNODES="2", NODE_RANK="1", MASTER_ADDR="fd00::1").endpoint == "[fd00::1]:29500"
 
@@ -51,14 +52,28 @@ def test_kubeflow_trainer():
         2, 1, "qwen3-native-node-0-0.qwen3-native:29400", None)
     assert found.sources["master_addr"] == "PET_MASTER_ADDR"
     assert found.run_id == resolve(**{**pet, "PET_NODE_RANK": "0"}).run_id  # every node of the job meets
-    assert found.run_id.startswith("neuron-qwen3-") and found.sources["run_id"] == "the shared settings"
+    assert found.run_id.startswith("neuron-qwen3-") and found.sources["run_id"] == "the node count and endpoint"
 
 
-@pytest.mark.parametrize("other", [{"STEPS": "5"}, {"EXTRA_ARGS": "--x 1"}, {"VARIANT": "nki_moe"},
-                                   {"PET_MASTER_ADDR": "other-job-node-0-0.other-job"}])
-def test_the_default_rendezvous_id_differs_between_jobs_and_settings(other):
+@pytest.mark.parametrize("other", [{"PET_MASTER_ADDR": "other-job-node-0-0.other-job"}, {"PET_MASTER_PORT": "29501"},
+                                   {"PET_NNODES": "3"}])
+def test_the_default_rendezvous_id_differs_between_endpoints_and_node_counts(other):
     pet = dict(PET_NNODES="2", PET_NODE_RANK="1", PET_MASTER_ADDR="job-node-0-0.job")
     assert resolve(**pet).run_id != resolve(**{**pet, **other}).run_id
+
+
+@pytest.mark.parametrize("other", [{"STEPS": "5"}, {"EXTRA_ARGS": "--x 1"}, {"VARIANT": "nki_moe"}])
+def test_nodes_with_different_settings_share_the_default_id(other):
+    """They meet, and their workers name the setting that differs (same_config.py), instead of each waiting out
+    the join timeout alone."""
+    pet = dict(PET_NNODES="2", PET_NODE_RANK="1", PET_MASTER_ADDR="job-node-0-0.job")
+    assert resolve(**pet).run_id == resolve(**{**pet, **other}).run_id
+
+
+def test_rdzv_timeout_is_the_join_and_read_timeout():
+    found = resolve(NNODES="2", NODE_RANK="0", MASTER_ADDR="h", RDZV_TIMEOUT="45")
+    assert found.torchrun_args()[-1] == "is_host=true,join_timeout=45,read_timeout=45"
+    assert "--rdzv_conf" not in resolve(RDZV_TIMEOUT="45").torchrun_args()  # one node: nobody to wait for
 
 
 def test_local_addr_for_a_node_of_a_multi_node_job():
@@ -100,7 +115,8 @@ BAD = [("NNODES", "0"), ("NNODES", "two"), ("NODE_RANK", "-1"), ("MASTER_ADDR", 
        ("PET_NPROC_PER_NODE", "0"), ("SLURM_NNODES", ""), ("SLURM_NODEID", "a"), ("SLURM_JOB_NODELIST", "trn-[3-1]"),
        ("SLURM_JOB_NODELIST", "trn-[1-2"), ("SLURM_JOB_NODELIST", "a,,b"), ("SLURM_JOB_NODELIST", "a[]"),
        ("SLURM_JOB_NODELIST", "a[1-]"), ("SLURM_JOB_NODELIST", "a[x]"), ("SLURM_JOB_ID", "1 2"),
-    ("LOCAL_ADDR", "bad host")]
+    ("LOCAL_ADDR", "bad host"), ("RDZV_TIMEOUT", "0"), ("RDZV_TIMEOUT", "10m"), ("PEER_TIMEOUT", "0"),
+    ("PEER_TIMEOUT", "-5")]
 
 
 @pytest.mark.parametrize("name, raw", BAD)
@@ -130,7 +146,8 @@ def test_plan_for_a_node_of_a_kubeflow_job():
     assert built.nproc == 64  # auto: every NeuronCore found
     assert list(built.argv[3:14]) == ["--nproc_per_node=64", "--nnodes=2", "--rdzv_backend", "c10d",
                                       "--rdzv_endpoint", "job-node-0-0.job:29500", "--rdzv_id",
-                                      built.rendezvous.run_id, "--rdzv_conf", "is_host=true",
+                                      built.rendezvous.run_id, "--rdzv_conf",
+                                      "is_host=true,join_timeout=600,read_timeout=600",
                                       f"--shutdown-timeout={VAR['STOP_GRACE'].default}"]
     assert plan.build(contract.parse({**env, "PET_NPROC_PER_NODE": "16"}), NEURON, env).nproc == 16
     assert plan.build(contract.parse({**env, "PET_NPROC_PER_NODE": "16", "NPROC": "8"}), NEURON, env).nproc == 8
@@ -144,7 +161,7 @@ def test_dry_run_under_slurm_shows_the_rendezvous(tmp_path):
     result = subprocess.run([sys.executable, "-m", "entrypoint", "--dry-run"], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert '"endpoint": "trn-001:29500"' in result.stdout and '"is_host=false"' in result.stdout
+    assert '"endpoint": "trn-001:29500"' in result.stdout and '"is_host=false,join_timeout=600' in result.stdout
     bad = subprocess.run([sys.executable, "-m", "entrypoint", "--dry-run"], cwd=REPO, capture_output=True, text=True,
                          env={**env, "SLURM_JOB_NODELIST": "trn-[2-1]"}, timeout=60)
     assert (bad.returncode, bad.stdout, bad.stderr.count("\n")) == (2, "", 1)

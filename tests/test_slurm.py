@@ -12,7 +12,6 @@ Run: .venv/bin/python -m pytest tests/test_slurm.py -q -s
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ANSI, REPO
+from slurm_cluster import install_slurm, read_pid, sh, stop_daemon
 
 pytestmark = pytest.mark.training
 
@@ -51,27 +51,6 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def sh(*argv, env=None, check=True, timeout=120):
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=check)
-
-
-def install_slurm():
-    """None when slurm-wlm and munge are there (installed now if needed), else why not."""
-    if os.geteuid() != 0:
-        return "needs root to install and run slurmctld, slurmd and munged"
-    if shutil.which("sbatch") and shutil.which("munged") or os.path.exists("/usr/sbin/munged"):
-        return None
-    if not shutil.which("apt-get"):
-        return "slurm-wlm is not installed and there is no apt-get"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-q"],
-                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"]):
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-        if done.returncode:
-            return f"`{' '.join(argv)}` failed: {done.stderr.strip().splitlines()[-1:]}"
-    return None
-
-
 def start_munge(started):
     if subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0:
         return  # a munged already answers
@@ -83,34 +62,6 @@ def start_munge(started):
     shutil.chown("/run/munge", "munge", "munge")
     sh("su", "-s", "/bin/sh", "munge", "-c", "/usr/sbin/munged --force")
     started.append(read_pid(Path("/run/munge/munged.pid")))
-
-
-def read_pid(pidfile, timeout=30) -> int:
-    """The daemon's pid once its pid file holds one (the file exists, empty, for a moment before)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return int(pidfile.read_text())
-        except (FileNotFoundError, ValueError):
-            assert time.monotonic() < deadline, f"{pidfile} holds no pid after {timeout} s"
-            time.sleep(0.2)
-
-
-def stop_daemon(pid, timeout=20):
-    """SIGTERM, then SIGKILL: a slurmctld whose munged or slurmd went first can hang in its shutdown, keep its
-    port, and make the next start of this test fail to bind."""
-    for signum, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5)):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

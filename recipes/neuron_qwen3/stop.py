@@ -16,6 +16,7 @@ draw no random numbers after initialisation (no dropout), so the resumed run is 
 
 import signal
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,7 @@ class StopWatch:
         self.signum = 0
         self.received_at = None  # monotonic time of the first signal, for the stop line
         self.group = None
+        self.checks = 0  # calls of agreed()
         self.enable = enable
         if enable:  # else torchrun's SIGTERM ends the workers mid-step, as in stock torchtitan
             for signum in SIGNALS:
@@ -41,15 +43,21 @@ class StopWatch:
         if not self.signum:
             self.signum, self.received_at = signum, time.monotonic()
 
-    def join(self):
-        """The gloo side group of every rank; collective, so every rank calls it once after the process group."""
+    def join(self, comm):
+        """The gloo side group of every rank; collective, so every rank calls it once after the process group.
+        A silent peer fails the agreement as it fails torchtitan's own collectives (`comm`, PEER_TIMEOUT): within
+        the init timeout until the first step is done, within the train timeout after it."""
         if self.enable and dist.is_initialized() and dist.get_world_size() > 1:
-            self.group = dist.new_group(backend="gloo")
+            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=comm.init_timeout_seconds))
+            self.train_timeout = timedelta(seconds=comm.train_timeout_seconds)
 
     def agreed(self) -> int:
         """The highest signal number any rank has received (0: none): the same answer on every rank."""
         if self.group is None:
             return self.signum
+        self.checks += 1
+        if self.checks == 2:  # after the first step, which torchtitan ends with a barrier and its train timeouts
+            dist.set_timeout(self.train_timeout, self.group)
         flag = torch.tensor([self.signum], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return int(flag.item())

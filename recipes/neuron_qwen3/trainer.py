@@ -18,7 +18,7 @@ from typing import Literal
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
-from neuron_qwen3 import data, devices, report, stop, weights
+from neuron_qwen3 import data, devices, report, same_config, stop, weights
 
 # The override.imports entry that swaps the nki_moe experts (moe/experts.py), named here without importing it: a
 # torchtitan without the override registry still runs the other variants.
@@ -124,9 +124,14 @@ class RunHooks(Trainer):
             super().__init__(config)  # builds the dataloader, which resolves the source
         except data.DataError as error:
             raise fail_on_data(error) from None
-        self.stop_watch.join()
+        self.stop_watch.join(config.comm)
         self.first_step = None
         self.report = report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
+
+    def init_distributed(self):
+        parallel_dims = super().init_distributed()
+        same_config.check_same_config(self.config)  # every rank the same config, before anything is built from it
+        return parallel_dims
 
     def train(self):
         with self.report.watch():  # summary.json says whether the run finished, stopped or failed
