@@ -128,11 +128,6 @@ class RunHooks(Trainer):
         self.first_step = None
         self.report = report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
 
-    def init_distributed(self):
-        parallel_dims = super().init_distributed()
-        same_config.check_same_config(self.config)  # every rank the same config, before anything is built from it
-        return parallel_dims
-
     def train(self):
         with self.report.watch():  # summary.json says whether the run finished, stopped or failed
             weights.check_coverage(self)  # before the initial load reads Hugging Face keys
@@ -143,6 +138,7 @@ class RunHooks(Trainer):
     def init_distributed(self):
         """torchtitan's, then EPOCHS: training.steps from the packed data, before the LR schedule is sized."""
         dims = super().init_distributed()
+        same_config.check_same_config(self.config)  # every rank the same config, before anything is built from it
         loader = self.config.dataloader
         if isinstance(loader, data.DataLoader.Config) and loader.epochs:
             plan = data.epochs.plan(self.config, dims.dp_replicate * dims.dp_shard)
