@@ -91,6 +91,8 @@ word = matching(WORD, "letters, digits, `.`, `_`, `-`")
 module_name = matching(MODULE_NAME, "a Python module name")
 qwen3_id = matching(QWEN3_ID, "a Qwen3 Hub id like Qwen/Qwen3-8B (`--list`)")
 path = text("a path")
+validation = matching(r"0?\.[0-9]*[1-9][0-9]*|(?![0-9.]+$)[^-].*", "a local file or folder, or a fraction above 0 "
+                      "and below 1 like 0.05")
 
 
 @accepting("shell words")
@@ -257,6 +259,13 @@ VARS = (
         "records are one turn), which makes the run SFT", flag="--dataloader.field"),
     Var("TRAIN_ON", "assistant", choice("assistant", "last", "all"), "conversations: the tokens that count in the "
         "loss: every assistant turn, the final one, or every token", flag="--dataloader.train_on"),
+    Var("VALIDATION", None, validation, "held-out data (same formats as DATASET), or that share of DATASET's "
+        "records (seeded, never trained on): its mean loss every VALIDATION_INTERVAL steps and after the last",
+        flag="--dataloader.validation"),
+    Var("VALIDATION_INTERVAL", None, positive_int, "steps between validations; default: the config's",
+        flag="--validator.freq"),
+    Var("EPOCHS", None, positive_int, "passes over a local DATASET, each reshuffled; the steps are derived from "
+        "the packed data (not with STEPS)", flag="--dataloader.epochs"),
     Var("WANDB_MODE", None, text("a mode wandb accepts, e.g. offline"), "Weights & Biases beside TensorBoard: on "
         "with WANDB_API_KEY or WANDB_MODE=offline", flag="--metrics.enable_wandb"),
     Var("WANDB_API_KEY", None, text("a key"), "Weights & Biases key; never printed", flag="--metrics.enable_wandb",

@@ -71,11 +71,21 @@ BAD = [("VARIANT", "foo"), ("VARIANT", ""), ("SCALE", "huge"), ("COMPILE", "mayb
        ("LR", "2"), ("LR", "1e-400"), ("LR", "0x1"), ("LR", "1_0"), ("LR", "2e-5 "), ("WARMUP_STEPS", "1.5"),
        ("WARMUP_STEPS", "1.0"), ("WARMUP_STEPS", "-3"), ("WARMUP_STEPS", "nan"), ("WARMUP_STEPS", "0.0"), ("WARMUP_STEPS", "1e-2"),
        ("LR_SCHEDULE", "constant"), ("LR_SCHEDULE", "Cosine"), ("BATCH_SIZE", "0"), ("BATCH_SIZE", "2.5"),
-       ("SEQ_LEN", "0"), ("SEQ_LEN", "1e3"), ("SEED", "-1"), ("SEED", "4294967296"), ("NAN_POLICY", "ignore")]
+       ("SEQ_LEN", "0"), ("SEQ_LEN", "1e3"), ("SEED", "-1"), ("SEED", "4294967296"), ("NAN_POLICY", "ignore"),
+       ("VALIDATION", ""), ("VALIDATION", "0"), ("VALIDATION", "1"),
+       ("VALIDATION", "0.0"), ("VALIDATION", "1.5"), ("VALIDATION", "5"), ("VALIDATION", "-0.1"),
+       ("VALIDATION", "--training.steps=9"), ("VALIDATION", "a\nb"), ("VALIDATION_INTERVAL", "0"),
+       ("VALIDATION_INTERVAL", "2.5"), ("EPOCHS", "0"), ("EPOCHS", "-1"), ("EPOCHS", "1.5"), ("EPOCHS", "three"),
+       ("EPOCHS", " 2")]
 # Variables whose value is free text (paths, ids, tokens, shell words): passed as one argv word, never to a shell.
 FREE_TEXT = {"EXTRA_ARGS", "INIT_FROM", "EXPORT_DIR", "DATASET", "WANDB_MODE", "WANDB_API_KEY", "ASSETS_DIR",
              "OUTPUT_DIR", "CACHE_DIR", "CHECKPOINT_DIR", "CUDA_VISIBLE_DEVICES", "HF_TOKEN", "NEURON_CC_FLAGS"}
 HOSTILE = ["$(reboot)", "1;reboot", "`id`", "1\n2", "", "\x00", "../../etc/passwd", "1 --training.steps=9"]
+
+
+@pytest.mark.parametrize("raw", ["0.05", ".5", "0.999", "data/val.jsonl", "/data/val", "val.parquet"])
+def test_validation_is_a_fraction_or_a_path(raw):
+    assert contract.parse({"VALIDATION": raw}).validation == raw
 
 
 @pytest.mark.parametrize("name, raw", BAD)

@@ -18,6 +18,8 @@ checked, with the library that reads it:
 | init_from | no model folder, no weights, another architecture or shape than the run trains | a complete checkpoint wins |
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
 | dataset | a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation (data.scan, every record) | |
+| validation | no VALIDATION file, a bad record in it, a fraction of a streamed DATASET | |
+| epochs | STEPS (`--training.steps`) beside EPOCHS, a streamed DATASET; else the line "N epochs = S steps of B sequences" (data.epochs, also for --dry-run) | |
 | checkpoints | a read error other than "not found" | a broken step-N (moved aside on node 0), an unfinished one |
 
 Before the config is printed it is changed as the workers will change it on their device (trainer.cpu_float32:
@@ -237,6 +239,40 @@ def export(config, parameters: int | None) -> list:
     return []
 
 
+def validation(config, check_files: bool) -> list:
+    """VALIDATION: a fraction of a local DATASET, or a local file or folder whose every record trains."""
+    from neuron_qwen3 import data
+
+    held, source = getattr(config.dataloader, "validation", ""), getattr(config.dataloader, "source", "")
+    if not held:
+        return []
+    if data.records.fraction(held) is not None:
+        return [] if os.path.exists(source) else [f"VALIDATION={held} holds records out of DATASET, which is not "
+                                                  f"local ({source}): give a local DATASET, or a VALIDATION file"]
+    if not os.path.exists(held):
+        return [f"VALIDATION={held!r}: no such file or folder (nor a fraction like 0.05)"]
+    found = data.scan(held, config.dataloader.field) if check_files else None
+    return [f"VALIDATION: {found.problem}"] if found and found.problem else []
+
+
+def epochs(config, request: dict) -> tuple:
+    """(problem, None) or (None, the line "epochs: N epochs = S steps of B sequences"): the steps as every worker
+    derives them (data.epochs.plan, on the data-parallel degree of `request["ranks"]`)."""
+    from torchtitan.distributed import ParallelDims
+
+    from neuron_qwen3 import data
+
+    if any(arg == "--training.steps" or arg.startswith("--training.steps=") for arg in request["args"]):
+        return "STEPS and EPOCHS are both set: EPOCHS derives the steps from the data; give one of them", None
+    if not os.path.exists(config.dataloader.source):
+        return f"EPOCHS needs a local DATASET; {config.dataloader.source} is streamed: give STEPS instead", None
+    dims = ParallelDims.from_config(config.parallelism, request["ranks"])
+    try:
+        return None, f"epochs: {data.epochs.plan(config, dims.dp_replicate * dims.dp_shard).line}"
+    except data.DataError as error:
+        return f"EPOCHS: {error}", None
+
+
 def run(request: dict) -> dict:
     answer = {"problems": [], "warnings": [], "lines": [], "config": None, "model": None}
     if request.get("locks"):  # first, before torch and torchtitan are imported
@@ -266,7 +302,11 @@ def run(request: dict) -> dict:
         answer["model"] = {"parameters": shape.parameters(), "fits": fits, "why": why}
         if not fits:
             answer["warnings"].append(f"{config.report.model or 'the model'}: {why}")
-    if not request.get("check_files"):
+    answer["problems"] += validation(config, request.get("check_files"))
+    if getattr(config.dataloader, "epochs", 0):
+        problem, line = epochs(config, request)
+        answer["problems" if problem else "lines"].append(problem or line)
+    if not request.get("check_files") or answer["problems"]:
         return answer
     from neuron_qwen3 import checkpoints, data
 

@@ -8,6 +8,7 @@ report and the Hugging Face export. The sections below are the project's flags, 
 fault-tolerance trainer adds `--fault_tolerance.*`: `--export.dir`, `--neuron.logical_nc_config`, ...
 """
 
+import dataclasses
 import json
 import signal
 import sys
@@ -122,6 +123,15 @@ def configure_nki_experts(overrides, neuron) -> None:
                                              "logical_nc_config": neuron.logical_nc_config, **kwargs})
 
 
+def configure_validation(config) -> None:
+    """VALIDATION (`--dataloader.validation`): torchtitan's validator over the whole validation set, with the
+    project's loader of it (every rank its share, equal batches), every `--validator.freq` steps."""
+    loader = config.dataloader
+    if isinstance(loader, data.DataLoader.Config) and loader.validation:
+        config.validator.enable, config.validator.steps = True, -1
+        config.validator.dataloader = dataclasses.replace(loader, split="validation", infinite=False, epochs=0)
+
+
 def fail_on_data(error: data.DataError):
     """A bad record or data file: its one line, and exit 2. torchtitan's `@record` (on Trainer.__init__ and train)
     has already written the exception's traceback to torchrun's error file, which torchrun prints in its failure
@@ -168,6 +178,7 @@ class RunHooks(Trainer):
         configure_nki_experts(config.override, config.neuron)
         if isinstance(config.dataloader, data.DataLoader.Config):  # the chat template of the model trained
             config.dataloader.tokenizer_folder = data.tokenizer_of(config)
+            configure_validation(config)
         finetune = tuning.apply(config)  # before torchtitan builds the optimizer and the LR schedule from it
         try:
             super().__init__(config)  # builds the dataloader, which resolves the source
@@ -180,11 +191,6 @@ class RunHooks(Trainer):
         self.first_step = None
         self.report = report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
 
-    def init_distributed(self):
-        parallel_dims = super().init_distributed()
-        same_config.check_same_config(self.config)  # every rank the same config, before anything is built from it
-        return parallel_dims
-
     def train(self):
         with self.report.watch():  # summary.json says whether the run finished, stopped or failed
             weights.check_coverage(self)  # before the initial load reads Hugging Face keys
@@ -194,7 +200,26 @@ class RunHooks(Trainer):
                 logger.error(diverged.args[0])
                 self.close()
                 raise
+            self.validate_last()
             weights.export(self)  # export.dir: also when the data ran out before training.steps; not after a stop
+
+    def init_distributed(self):
+        """torchtitan's, then EPOCHS: training.steps from the packed data, before the LR schedule is sized."""
+        dims = super().init_distributed()
+        same_config.check_same_config(self.config)  # every rank the same config, before anything is built from it
+        loader = self.config.dataloader
+        if isinstance(loader, data.DataLoader.Config) and loader.epochs:
+            plan = data.epochs.plan(self.config, dims.dp_replicate * dims.dp_shard)
+            logger.info(f"data: {plan.line}")
+            self.config.training.steps = plan.steps
+        return dims
+
+    def validate_last(self) -> None:
+        """The validation loss after the last step too, unless the validator's interval has just given it."""
+        step = self.step
+        if self.config.validator.enable and step == self.config.training.steps \
+                and not self.validator.should_validate(step):
+            self.validator.validate(self.model_parts, step)
 
     def batch_generator(self, data_iterable):
         """torchtitan's, with a bad record met while training as its one line and exit 2."""

@@ -4,8 +4,10 @@ Stateful for torchtitan's checkpoints: the reader's position, the packer's buffe
 run yields the very windows the first one would have. `counts` is a clean account of what this rank has read.
 """
 
+import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
+from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import logger
 
 from neuron_qwen3.data import conversations
@@ -27,6 +29,13 @@ def documents(record: dict, kind: str, field: str, encoder: Encoder, seq_len: in
     return doc, *fit(doc, seq_len)
 
 
+def blank(seq_len: int, pad_id: int):
+    """A window that counts for nothing (every label IGNORE_INDEX): what a rank yields once its data has ended, so
+    every rank takes part in every step (the loss divides by the tokens that count, summed over the ranks)."""
+    return ({"input": torch.full((seq_len,), pad_id), "positions": torch.arange(seq_len)},
+            torch.full((seq_len,), IGNORE_INDEX))
+
+
 def count(counts: dict, doc, docs: list, cut: str | None) -> None:
     kept = sum(len(d.labels) for d in docs)
     trained = sum(d.trained for d in docs)
@@ -41,14 +50,17 @@ def count(counts: dict, doc, docs: list, cut: str | None) -> None:
 
 class PackedDataset(IterableDataset, Stateful):
     def __init__(self, reader, kind: str, field: str, encoder: Encoder, seq_len: int, pad_id: int,
-                 infinite: bool):
+                 infinite: bool, epochs: int = 0):
         self.reader, self.kind, self.field, self.encoder = reader, kind, field, encoder
-        self.seq_len, self.infinite = seq_len, infinite
+        self.seq_len, self.pad_id, self.infinite, self.epochs = seq_len, pad_id, infinite, epochs
         self.packer = Packer(seq_len, pad_id, whole=kind == "chat")
         self.counts = dict.fromkeys(COUNTS, 0)
 
     def __iter__(self):
         while True:
+            if self.epochs and self.reader.epoch >= self.epochs:  # EPOCHS done: blanks to the derived last step
+                yield blank(self.seq_len, self.pad_id)
+                continue
             window = self.packer.pop()
             if window is not None:
                 yield window
@@ -63,7 +75,7 @@ class PackedDataset(IterableDataset, Stateful):
                 yield window
                 continue
             self._log_epoch()
-            if not self.infinite:
+            if not self.infinite and not self.epochs:
                 return
             self.reader.next_epoch()
 
@@ -97,3 +109,24 @@ class PackedDataset(IterableDataset, Stateful):
         self.reader.load_state_dict(state["reader"])
         self.packer.load_state_dict(state["packer"])
         self.counts = dict(state["counts"])
+
+
+class Shares(IterableDataset):
+    """The validation set, whole, once, for torchtitan's Validator: every rank packs all of it alike (`packed`,
+    one pass) and keeps every `world`-th window from its `rank`, then adds blank windows up to the same number of
+    full batches on every rank, so the validator's per-batch all-reduce never waits on a rank that ran out, and
+    1 rank and N ranks evaluate the very same windows."""
+
+    def __init__(self, packed: PackedDataset, rank: int, world: int, batch: int):
+        self.packed, self.rank, self.world, self.batch = packed, rank, world, batch
+
+    def __iter__(self):
+        total = mine = 0
+        for window in self.packed:
+            if total % self.world == self.rank:
+                mine += 1
+                yield window
+            total += 1
+        share = -(-total // self.world)
+        for _ in range(-(-share // self.batch) * self.batch - mine):
+            yield blank(self.packed.seq_len, self.packed.pad_id)

@@ -17,15 +17,15 @@ from torchtitan.tools.logging import logger
 
 from neuron_qwen3.data import records
 from neuron_qwen3.data.conversations import Problem, kind
-from neuron_qwen3.data.dataset import PackedDataset
+from neuron_qwen3.data.dataset import PackedDataset, Shares
 from neuron_qwen3.data.records import DataError
 from neuron_qwen3.data.tokens import TRAIN_ON, Encoder
 
 
-def open_reader(source: str, field: str, seed: int, rank: int, world: int) -> tuple:
-    """(this rank's reader, "text" or "chat") of a source."""
+def open_source(source: str, field: str) -> tuple:
+    """(a Table or a stream of records, "text" or "chat") of a source: c4 and Hub datasets of text are streamed."""
     if source == "c4":
-        return records.StreamReader(records.hub_stream(source), source, rank, world), "text"
+        return records.hub_stream(source), "text"
     if records.is_local(source):
         if not os.path.exists(source):
             raise DataError(f"{source}: does not exist")
@@ -36,10 +36,47 @@ def open_reader(source: str, field: str, seed: int, rank: int, world: int) -> tu
         if first is None:
             raise DataError(f"{source}: the Hub dataset's train split is empty")
         if _kind(first, field, f"{source} row 1") == "text":
-            return records.StreamReader(stream, source, rank, world), "text"
+            return stream, "text"
         table = records.hub_table(source)
-    found = _kind(table.record(0), field, table.origin(0))
-    return records.TableReader(table, records.Order(np.arange(len(table)), seed, rank, world)), found
+    return table, _kind(table.record(0), field, table.origin(0))
+
+
+def training_records(config) -> tuple:
+    """(table, the indices trained on, kind) of a table source: all but those a VALIDATION fraction holds out."""
+    table, found = open_source(config.source, config.field)
+    if not isinstance(table, records.Table):
+        raise DataError(f"{config.source}: streamed, so EPOCHS and a VALIDATION fraction cannot apply: give a "
+                        "local dataset")
+    share = records.fraction(config.validation)
+    indices = np.arange(len(table)) if share is None else records.held_out(len(table), share, config.seed)[0]
+    return table, indices, found
+
+
+def validation_records(config) -> tuple:
+    """(table, the indices validated on, kind): a VALIDATION fraction's held-out records, or a file's."""
+    share = records.fraction(config.validation)
+    if share is None:
+        if not os.path.exists(config.validation):
+            raise DataError(f"VALIDATION={config.validation!r}: no such file or folder (nor a fraction like 0.05)")
+        table, found = open_source(config.validation, config.field)
+        return table, np.arange(len(table)), found
+    table, found = open_source(config.source, config.field)
+    if not isinstance(table, records.Table):
+        raise DataError(f"{config.source}: streamed, so VALIDATION={config.validation} cannot hold records out: "
+                        "give a local dataset, or a VALIDATION file")
+    return table, records.held_out(len(table), share, config.seed)[1], found
+
+
+def open_reader(config, rank: int, world: int) -> tuple:
+    """(this rank's reader, "text" or "chat") of the training records."""
+    if config.validation or config.epochs:
+        table, indices, found = training_records(config)
+    else:
+        table, found = open_source(config.source, config.field)
+        if not isinstance(table, records.Table):
+            return records.StreamReader(table, config.source, rank, world), found
+        indices = np.arange(len(table))
+    return records.TableReader(table, records.Order(indices, config.seed, rank, world)), found
 
 
 def _kind(record: dict, field: str, origin: str) -> str:
@@ -88,6 +125,18 @@ class DataLoader(ParallelAwareDataloader):
         seed: int = 42
         """The order of each epoch: the same on every rank and every restart"""
 
+        validation: str = ""
+        """Held out for validation: a fraction like 0.05 of this source's records (drawn with `seed`, never
+        trained on) or a local file or folder; the trainer points torchtitan's validator at it. Empty: none"""
+
+        split: Literal["train", "validation"] = "train"
+        """What this loader reads: the records trained on, or (the validator's loader) the validation set, whole
+        and once, each rank its share of the packed windows, padded to the same number of batches"""
+
+        epochs: int = 0
+        """N > 0: exactly N passes over a local dataset, each in its own seeded order, then windows that count
+        for nothing; the trainer derives training.steps from the packed data (data/epochs.py)"""
+
         tokenizer_folder: str = ""
         """A model folder whose tokenizer and chat template render the data; empty: INIT_FROM's folder when it
         has a tokenizer, else the trainer's (hf_assets_path); set by the trainer before it builds the loader"""
@@ -95,18 +144,30 @@ class DataLoader(ParallelAwareDataloader):
         def __post_init__(self) -> None:
             if self.train_on not in TRAIN_ON:
                 raise ValueError(f"dataloader.train_on={self.train_on!r} is not one of {', '.join(TRAIN_ON)}")
+            if self.epochs < 0:
+                raise ValueError(f"dataloader.epochs={self.epochs} is not 0 (off) or a positive number of epochs")
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
                  local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs):
         tokenizer = own_tokenizer(tokenizer, config.tokenizer_folder)
-        reader, found = open_reader(config.source, config.field, config.seed, dp_rank, dp_world_size)
-        share = f", {reader.per_epoch} of {len(reader.table)} records per epoch on this rank" \
-            if isinstance(reader, records.TableReader) else " (streamed)"
-        logger.info(f"data: {config.source}: {found}{share}, field {config.field!r}"
-                    + (f", train_on={config.train_on}" if found == "chat" else ""))
         pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
-        dataset = PackedDataset(reader, found, config.field, Encoder(tokenizer, config.train_on), seq_len, pad,
-                                config.infinite)
+        encoder = Encoder(tokenizer, config.train_on)
+        if config.split == "validation":
+            table, indices, found = validation_records(config)
+            whole = records.TableReader(table, records.Order(indices, config.seed, 0, 1))
+            dataset = Shares(PackedDataset(whole, found, config.field, encoder, seq_len, pad, infinite=False),
+                             dp_rank, dp_world_size, local_batch_size)
+            logger.info(f"data: validation: {len(indices)} records of {len(table)} in "
+                        f"{config.source if records.fraction(config.validation) else config.validation}")
+        else:
+            reader, found = open_reader(config, dp_rank, dp_world_size)
+            share = f", {reader.per_epoch} of {len(reader.table)} records per epoch on this rank" \
+                if isinstance(reader, records.TableReader) else " (streamed)"
+            logger.info(f"data: {config.source}: {found}{share}, field {config.field!r}"
+                        + (f", train_on={config.train_on}" if found == "chat" else "")
+                        + (f", {config.epochs} epochs" if config.epochs else ""))
+            dataset = PackedDataset(reader, found, config.field, encoder, seq_len, pad, config.infinite,
+                                    config.epochs)
         super().__init__(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, num_workers=config.num_workers,
                          persistent_workers=config.persistent_workers, pin_memory=config.pin_memory,
                          prefetch_factor=config.prefetch_factor, snapshot_every_n_steps=snapshot_every_n_steps,

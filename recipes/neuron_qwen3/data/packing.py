@@ -30,6 +30,19 @@ def fit(doc: Document, seq_len: int) -> tuple[list, str | None]:
     return [piece for piece in pieces if piece.trained], "split"
 
 
+def windows(lengths: list, seq_len: int, whole: bool) -> int:
+    """How many windows a Packer makes of one epoch, from label counts alone (`lengths`: each record's documents'
+    `len(labels)`, in reading order): the same pushes, pads and pops as Packer and PackedDataset, no tokens."""
+    made = buffered = 0
+    for docs in lengths:
+        for n in docs:
+            if whole and buffered and buffered + n > seq_len:
+                buffered += -buffered % seq_len
+            buffered += n
+        made, buffered = made + buffered // seq_len, buffered % seq_len
+    return made + (1 if buffered else 0)
+
+
 class Packer:
     """The token buffer of one rank; `whole`: a document never crosses into the next window (conversations)."""
 

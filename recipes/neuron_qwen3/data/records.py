@@ -8,6 +8,7 @@ by `DataError`, whose message is one line.
 
 import json
 import os
+import re
 from array import array
 from bisect import bisect_right
 
@@ -220,6 +221,26 @@ def hub_table(source: str) -> Table:
 
     dataset = load_dataset(source, split="train")
     return Table([Rows(source, len(dataset), dataset.__getitem__)])
+
+
+FRACTION = re.compile(r"0?\.[0-9]*[1-9][0-9]*")  # VALIDATION=0.05: a share of DATASET; anything else is a path
+HOLDOUT = 0x5A17  # the held-out draw's third seed word: an epoch's order is seeded by two
+
+
+def fraction(validation: str) -> float | None:
+    """The share of the training source's records a VALIDATION like `0.05` holds out; None: it names a file."""
+    return float(validation) if FRACTION.fullmatch(validation) else None
+
+
+def held_out(count: int, share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(records trained on, records held out) of a table of `count` records: round(count * share) of them (at
+    least one) drawn with `seed`, the same on every rank and every restart; split by record, before packing."""
+    held = max(1, round(count * share))
+    if held >= count:
+        raise DataError(f"VALIDATION={share} of {count} records leaves none to train on")
+    mask = np.zeros(count, dtype=bool)
+    mask[np.random.default_rng([seed, count, HOLDOUT]).permutation(count)[:held]] = True
+    return np.flatnonzero(~mask), np.flatnonzero(mask)
 
 
 class Order:
