@@ -112,7 +112,7 @@ def test_dry_run_prints_the_steps_the_workers_derive(chat):
     result = dry_run(DATASET=chat, DATASET_FIELD="messages", EPOCHS=str(EPOCHS), NPROC=str(RANKS))
     assert result.returncode == 0, result.stderr[-2000:]
     plan = epochs.plan(loader_config(chat), RANKS)
-    assert f"entrypoint: epochs: {plan.line}" in result.stderr.splitlines()
+    assert f"epochs: {plan.line}" in json.loads(result.stdout)["notes"]
     shown = json.loads(result.stdout)["torchtitan_config"]["dataloader"]
     assert shown["epochs"] == EPOCHS
 
