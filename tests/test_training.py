@@ -1,29 +1,44 @@
-"""Integration: every variant's smoke config trains through the launcher, on 1 and 2 processes.
+"""Integration: every variant's smoke config trains through the launcher, on 1 and 2 processes, and each
+one-process run leaves $OUTPUT_DIR/report/ (recipes/neuron_qwen3/report.py) that parses; the comparison lists every
+variant. A stopped run's report is test_report.py's.
 
 These are real torchrun runs on CPU (gloo), a few tens of seconds each. Run:
     .venv/bin/python -m pytest tests/test_training.py
 """
 
 import functools
+import io
+import json
 import math
-import os
 import re
+import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import ANSI, REPO, STEP_LOSS, worker_env
 
+from bench import compare
 from entrypoint.variants import VARIANTS
+from neuron_qwen3 import config_registry, plots
 
 pytestmark = pytest.mark.training
 
+RECORD_KEYS = {"step", "time", "loss", "grad_norm", "lr", "tokens_per_s_per_device", "tokens_per_s", "step_time_s",
+               "data_loading_s", "tflops_per_device", "mfu_pct", "memory_gib", "tokens_seen", "steps_total"}
 SMOKE_MOE_LAYERS = 2  # shapes.SMOKE_MOE.n_layers; every layer of the smoke MoE is an MoE layer
 
 
 def parse_losses(output: str) -> dict[int, float]:
     return {int(step): float(loss) for step, loss in STEP_LOSS.findall(ANSI.sub("", output))}
+
+
+def png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
 
 
 @functools.cache
@@ -79,3 +94,66 @@ def test_nki_moe_matches_native_moe_step_by_step(tmp):
     assert nki_losses[1] == pytest.approx(native_losses[1], rel=1e-4), (nki_losses[1], native_losses[1])
     for step in native_losses:
         assert nki_losses[step] == pytest.approx(native_losses[step], rel=1e-3), (step, nki_losses, native_losses)
+
+
+def report_of(variant, tmp):
+    """(OUTPUT_DIR, what the launcher printed) of the variant's one-process run, which finished."""
+    result = launch(variant, 1, tmp)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return Path(f"{tmp}/{variant}-1"), result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_variant_leaves_a_report_that_parses(tmp, variant):
+    out, _ = report_of(variant, tmp)
+    config = getattr(config_registry, VARIANTS[variant].configs["smoke"])()
+    steps, training = config.training.steps, config.training
+    records = [json.loads(line) for line in (out / "report" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))  # the smoke configs log every step
+    assert all(set(r) == RECORD_KEYS for r in records)
+    assert all(r["loss"] > 0 and r["tokens_per_s"] > 0 and r["step_time_s"] > 0 and r["lr"] > 0 for r in records)
+    summary = json.loads((out / "report" / "summary.json").read_text())
+    assert (summary["variant"], summary["scale"], summary["config"]) == (variant, "smoke",
+                                                                         VARIANTS[variant].configs["smoke"])
+    assert summary["end"] == "finished" and summary["steps"] == {"done": steps, "planned": steps}
+    assert summary["device"] == {"kind": "cpu", "name": "cpu", "count": 1}
+    assert (summary["processes"], summary["nodes"]) == (1, 1)
+    assert summary["steady_state"]["steps"] == list(range(3, steps + 1)) and summary["warmup"]["steps"] == [1, 2]
+    assert summary["tokens_seen"] == steps * training.local_batch_size * training.seq_len  # one rank
+    assert (summary["first_loss"], summary["last_loss"]) == (records[0]["loss"], records[-1]["loss"])
+    assert 0 < summary["launch_to_first_step_s"] < summary["wall_s"]
+    assert summary["versions"]["torchtitan"] == "0.3.0" and summary["versions"]["torch-neuronx"] is None
+    assert list((out / "tb").rglob("events.out.tfevents.*")), "no TensorBoard events under $OUTPUT_DIR/tb"
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_cpu_runs_have_no_mfu_and_say_why(tmp, variant):
+    out, _ = report_of(variant, tmp)
+    summary = json.loads((out / "report" / "summary.json").read_text())
+    assert summary["mfu"]["pct"] is None and summary["mfu"]["peak_flops"] is None
+    assert "CPU" in summary["mfu"]["peak_source"]
+    assert all(json.loads(line)["mfu_pct"] is None for line in (out / "report" / "metrics.jsonl").open())
+    assert summary["flops"]["per_token"] > 0 and summary["flops"]["tflops_per_device"] > 0
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_plots_are_pngs_of_the_expected_size(tmp, variant):
+    out, _ = report_of(variant, tmp)
+    expected = tuple(round(inches * plots.PLOT_DPI) for inches in plots.PLOT_SIZE)
+    for name in ("loss.png", "throughput.png"):
+        assert png_size(out / "report" / name) == expected
+
+
+def test_rank_0_logs_a_progress_line(tmp):
+    _, output = report_of("native", tmp)
+    steps = config_registry.native_qwen3_smoke().training.steps
+    assert f"progress: step 1/{steps}  " in output  # the first logged step, at once; then once a minute
+
+
+def test_the_comparison_lists_every_variant(tmp, tmp_path):
+    text = io.StringIO()
+    compared = compare.compare([report_of(v, tmp)[0] for v in VARIANTS], plot=tmp_path / "loss.png", stream=text)
+    assert list(compared) == list(VARIANTS)
+    rows = [line for line in text.getvalue().splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [row.split(" | ")[0].strip("| ") for row in rows] == list(VARIANTS)
+    assert png_size(tmp_path / "loss.png") == tuple(round(i * plots.PLOT_DPI) for i in plots.PLOT_SIZE)
