@@ -210,14 +210,25 @@ VARS = (
         "NeuronCore or GPU, 1 on CPU"),
     Var("EXTRA_ARGS", "", shell_words, "more torchtitan arguments, last (before the command line's); flags "
         "the launcher owns are refused"),
-    Var("INIT_FROM", None, text("`hub` or a path to a Hugging Face model folder"), "unset: random init; `hub`: "
-        "MODEL's Hub weights (full scale); a path: a local model folder (`config.json` + `*.safetensors`), loaded "
-        "through torchtitan's state-dict adapter",
+    Var("INIT_FROM", None, text("`hub` or a path to a Hugging Face model folder or PEFT adapter folder"), "unset: "
+        "random init; `hub`: MODEL's Hub weights (full scale); a path: a local model folder (`config.json` + "
+        "`*.safetensors`), loaded through torchtitan's state-dict adapter; an adapter folder: LoRA continues it",
         flag="--checkpoint.initial_load_path --checkpoint.initial_load_in_hf --checkpoint.initial_load_model_only"),
     Var("EXPORT_DIR", None, path, "after training (also when the data runs out), a Hugging Face model "
         "folder there (config.json, safetensors, tokenizer), written atomically", flag="--export.dir"),
     Var("EXPORT_DTYPE", "bfloat16", choice("bfloat16", "float32"), "dtype of the exported weights",
         flag="--export.dtype"),
+    Var("LORA_RANK", None, positive_int, "LoRA adapters of this rank over INIT_FROM's frozen weights (EXPORT_DIR: a "
+        "PEFT adapter folder); unset: full fine-tuning", flag="--lora.rank"),
+    Var("LORA_ALPHA", None, text("a positive number"), "the update is scaled by alpha / rank; default: 2 x rank",
+        flag="--lora.alpha"),
+    Var("LORA_DROPOUT", None, text("a number from 0 to below 1"), "dropout on the adapters' input (not on MoE "
+        "experts)", flag="--lora.dropout"),
+    Var("LORA_TARGETS", None, text("a comma list of Hugging Face projection names"), "default: the 7 attention and "
+        "MLP projections (dense), the 4 attention ones (MoE; add experts.gate_up_proj, experts.down_proj)",
+        flag="--lora.targets"),
+    Var("EXPORT_MERGED", "0", switch, "with LoRA: the merged model at EXPORT_DIR, the adapter in EXPORT_DIR/adapter",
+        flag="--export.merged"),
     Var("DATASET", None, text("`c4`, a Hub dataset id, or a local .jsonl, .json, .parquet or .txt file or folder"),
         "training data; default: the config's (c4 at full scale, the bundled corpus at smoke); local files are "
         "read offline",

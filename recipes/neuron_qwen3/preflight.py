@@ -14,7 +14,8 @@ checked, with the library that reads it:
 | flags | a flag the config does not have, a bad value (tyro's parse, as the workers parse them) | |
 | config | MODEL of another family than the variant, or no released Qwen3 | |
 | memory | | the sharded weights, gradients and Adam state take over 60 % of a rank's device memory |
-| init_from | no model folder, no weights, another architecture or shape than the run trains | a complete checkpoint wins |
+| init_from | no model folder, no weights, another architecture or shape than the run trains | a complete checkpoint wins (not with LoRA: its base loads every start) |
+| lora | LoRA without INIT_FROM, a target the model family lacks, TP/EP/PP; a PEFT adapter INIT_FROM whose base is nowhere or whose settings differ from `--lora.*`; a LoRA checkpoint over another base | |
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
 | dataset | a local source whose records cannot be trained on (data.scan) | |
 | checkpoints | a read error other than "not found" | a broken step-N (moved aside on node 0), an unfinished one |
@@ -227,13 +228,26 @@ def run(request: dict) -> dict:
     if problem:
         answer["problems"].append(problem)
         return answer
+    from neuron_qwen3 import lora, lora_io
+
+    try:
+        tuned = lora_io.resolve(config)  # INIT_FROM naming a PEFT adapter: the checks below see its base
+    except lora.LoRAError as error:
+        answer["problems"].append(str(error))
+        return answer
+    if tuned:
+        answer["problems"] += lora.problems(config, tuned)
+        if answer["problems"]:
+            return answer
     if request.get("print_config"):
         answer["config"] = config.to_dict()
     shape = trained_shape(config)
     if shape is not None:
         fits, why = shapes.fit(shape.parameters(), request["ranks"], request.get("memory_gib"))
         answer["model"] = {"parameters": shape.parameters(), "fits": fits, "why": why}
-        if not fits:
+        if tuned and request.get("print_config"):  # --dry-run: built on meta, adapters in, base frozen
+            answer["model"]["lora"] = lora.dry_run(config, tuned, request["ranks"]).line()
+        if not fits and not tuned:  # LoRA holds gradients and Adam state for its adapters only
             answer["warnings"].append(f"{config.report.model or 'the model'}: {why}")
     if not request.get("check_files"):
         return answer
@@ -251,8 +265,12 @@ def run(request: dict) -> dict:
         answer["lines"].append(f"checkpoints: resuming from step {resume} in {config.checkpoint.folder}"
                                if resume is not None else
                                f"checkpoints: none complete in {config.checkpoint.folder}: starting at step 0")
-    problems, warnings = init_from(config, shape, resume)
-    answer["problems"] += problems + export(config, shape.parameters() if shape else None)
+    problems, warnings = init_from(config, shape, None if tuned else resume)  # LoRA loads its base every start
+    if tuned and resume is not None and not problems:
+        problems = lora_io.check_resume_base(os.path.join(config.checkpoint.folder, f"step-{resume}"),
+                                             config.checkpoint.initial_load_path)
+    exported = shape.parameters() if shape and (not tuned or tuned.merged) else None  # an adapter is small
+    answer["problems"] += problems + export(config, exported)
     answer["warnings"] += warnings
     source = getattr(config.dataloader, "source", None)
     problem = data.scan(source, config.dataloader.field) if source else None

@@ -9,11 +9,12 @@ fault-tolerance trainer adds `--fault_tolerance.*`: `--export.dir`, `--neuron.lo
 
 import signal
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
+import tyro
 from torchtitan.trainer import Trainer
 
-from neuron_qwen3 import devices, report, same_config, stop, weights
+from neuron_qwen3 import devices, lora, lora_io, report, same_config, stop, weights
 
 # The override.imports entry that swaps the nki_moe experts (moe/experts.py), named here without importing it: a
 # torchtitan without the override registry still runs the other variants.
@@ -27,6 +28,22 @@ class Export:
     tokenizer), written atomically; empty: no export."""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """dtype of the exported weights"""
+    merged: Annotated[bool, tyro.conf.FlagConversionOff] = False
+    """With LoRA: the merged full model (as without LoRA), the adapter in `<dir>/adapter`; False: the PEFT adapter
+    folder alone. `--export.merged=True` (a value, as the launcher passes every variable)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Lora:
+    rank: int = 0
+    """Train LoRA adapters of this rank over the initial load's frozen weights (lora.py); 0: full fine-tuning."""
+    alpha: float = 0.0
+    """The update is scaled by alpha / rank; 0: 2 x rank."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input (not on MoE experts: PEFT has none there)."""
+    targets: str = ""
+    """Comma list of the Hugging Face projections adapted (lora.TARGETS); empty: the attention and MLP projections
+    on dense models, the attention projections on MoE."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -67,6 +84,7 @@ class RunSettings:
     device: Literal["auto", "neuron", "cuda", "cpu"] = "auto"
     """Where this worker trains; auto: Neuron if torch_neuronx imports, else CUDA, else CPU."""
     export: Export = field(default_factory=Export)
+    lora: Lora = field(default_factory=Lora)
     neuron: Neuron = field(default_factory=Neuron)
     report: Report = field(default_factory=Report)
     stop: Stop = field(default_factory=Stop)
@@ -89,7 +107,11 @@ class RunHooks(Trainer):
         self.stop_watch = stop.StopWatch(config.stop.enable)  # a signal during set-up ends the run at step 1
         weights.hf_compatible(config)  # before the model is built (weights.py)
         configure_nki_experts(config.override, config.neuron)
+        self.lora = lora_io.resolve(config)  # an initial load naming a PEFT adapter: its base is loaded instead
+        if self.lora:
+            lora.attach(config, self.lora)  # adapters in before parallelize_fn, the base frozen after it
         super().__init__(config)
+        lora.log_state_bytes(self.optimizers, self.model_parts)  # gradients and optimizer bytes, LoRA or not
         self.stop_watch.join(config.comm)
         self.first_step = None
         self.report = report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
@@ -102,8 +124,11 @@ class RunHooks(Trainer):
     def train(self):
         with self.report.watch():  # summary.json says whether the run finished, stopped or failed
             weights.check_coverage(self)  # before the initial load reads Hugging Face keys
+            if self.lora:
+                lora_io.prepare_checkpoints(self, self.lora)  # the base from INIT_FROM; checkpoints hold adapters
             super().train()
-            weights.export(self)  # export.dir: also when the data ran out before training.steps; not after a stop
+            # export.dir: also when the data ran out before training.steps; not after a stop
+            lora_io.export(self, self.lora) if self.lora else weights.export(self)
 
     def should_continue_training(self) -> bool:
         """torchtitan's test, plus save on stop (stop.py) at each step boundary."""

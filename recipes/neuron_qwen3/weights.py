@@ -26,6 +26,8 @@ from torchtitan.components.checkpoint import ModelWrapper
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.tools.logging import logger
 
+from neuron_qwen3.lora import is_adapter_key
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "chat_template.jinja", "added_tokens.json", "tokenizer.model")
 MAX_SHARD = "5GB"  # the Hub's usual shard size; smaller models are one model.safetensors
@@ -59,7 +61,8 @@ def check_coverage(trainer) -> None:
     if not uses_hf_weights(trainer.config):
         return
     names = {name: torch.empty(value.shape, dtype=value.dtype, device="meta")
-             for name, value in ModelWrapper(trainer.model_parts).state_dict().items()}
+             for name, value in ModelWrapper(trainer.model_parts).state_dict().items()
+             if not is_adapter_key(name)}  # LoRA adapters: a PEFT file of their own (lora_io.py)
     adapter = _adapter(trainer)
     back = adapter.from_hf(adapter.to_hf(dict(names)))
     lost = sorted(set(names) - set(back))
