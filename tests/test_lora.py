@@ -419,7 +419,8 @@ def test_continuing_an_adapter_takes_its_settings_and_refuses_others(tmp_path, d
     with pytest.raises(lora.LoRAError) as caught:
         lora_io.resolve(parsed(*load, "--lora.rank=4", "--lora.targets=q_proj"))
     assert str(caught.value) == (f"INIT_FROM={tmp_path}: LORA_RANK=4 (the adapter's: 8), LORA_TARGETS=q_proj (the "
-                                 "adapter's: experts.down_proj,q_proj,v_proj): unset them to continue the adapter as it is")
+                                 "adapter's: experts.down_proj,q_proj,v_proj): unset them to continue the adapter "
+                                 "as it is")
     (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 8,
                                                              "use_dora": True, "target_modules": ["q_proj"]}))
     with pytest.raises(lora.LoRAError, match="with use_dora: this image continues plain LoRA only"):

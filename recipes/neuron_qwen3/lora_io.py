@@ -320,15 +320,16 @@ def _write_adapter(folder: str, tensors: dict, config: dict, tokenizer: list) ->
 
 
 def export(trainer, settings: LoRASettings) -> str | None:
-    """EXPORT_DIR, if set: the PEFT adapter folder, or (settings.merged) the merged model with the adapter in
-    EXPORT_DIR/adapter; written by rank 0 after every rank has taken part in the gathers."""
-    target = os.environ.get(weights.EXPORT_ENV)
+    """`--export.dir`, if set: the PEFT adapter folder, or (settings.merged) the merged model with the adapter in
+    `<dir>/adapter`; written by rank 0 after every rank has taken part in the gathers."""
+    target = trainer.config.export.dir
     if not target:
         return None
+    target = os.path.abspath(target)
     all_sites = sites(trainer)
     states = weights.full_state_dict(trainer, keep=lambda key: settings.merged or lora.is_adapter_key(key))
     if not dist.is_initialized() or dist.get_rank() == 0:
-        dtype = TORCH_DTYPE_MAP[trainer.config.checkpoint.export_dtype]
+        dtype = TORCH_DTYPE_MAP[trainer.config.export.dtype]
         base = trainer.checkpointer.states[BASE_STATE].folder
         peft = {key: value.to(dtype) for key, value in to_peft(all_sites, states).items()}
         config = adapter_config(all_sites, settings, base)

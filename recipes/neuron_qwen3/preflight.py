@@ -14,8 +14,8 @@ checked, with the library that reads it:
 | flags | a flag the config does not have, a bad value (tyro's parse, as the workers parse them) | |
 | config | MODEL of another family than the variant, or no released Qwen3 | |
 | memory | | the sharded weights, gradients and Adam state take over 60 % of a rank's device memory |
-| init_from | no model folder, no weights, another architecture or shape than the run trains | a complete checkpoint wins (not with LoRA: its base loads every start) |
-| lora | LoRA without INIT_FROM, a target the model family lacks, TP/EP/PP; a PEFT adapter INIT_FROM whose base is nowhere or whose settings differ from `--lora.*`; a LoRA checkpoint over another base | |
+| init_from | no model folder, no weights, another architecture or shape than the run trains | a complete checkpoint wins (not with LoRA) |
+| lora | no INIT_FROM, a target the model lacks, TP/EP/PP, an adapter INIT_FROM's base or settings, another base | |
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
 | dataset | a local source whose records cannot be trained on (data.scan) | |
 | checkpoints | a read error other than "not found" | a broken step-N (moved aside on node 0), an unfinished one |

@@ -15,6 +15,7 @@ Qwen3 adapter, dense and MoE, or the transformers backend's prefix adapter). Thi
   gathers the full weights on rank 0 and writes a complete model folder at `--export.dir`, atomically.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -120,14 +121,17 @@ def _read_json(path) -> dict:
 # ---- the export --------------------------------------------------------------------------------------------
 
 
-def full_state_dict(trainer) -> dict:
+def full_state_dict(trainer, keep=lambda key: True) -> dict:
     """The model's state dict as the checkpointer sees it (torchtitan's ModelWrapper: fused QKV already split into
-    wq/wk/wv), each sharded tensor gathered in turn: every rank takes part, rank 0 keeps them on CPU."""
-    keep = not dist.is_initialized() or dist.get_rank() == 0
+    wq/wk/wv), each sharded tensor gathered in turn: every rank takes part, rank 0 keeps them on CPU. `keep`: which
+    keys to gather (every rank must pass the same)."""
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
     states = {}
     for key, value in ModelWrapper(trainer.model_parts).state_dict().items():
+        if not keep(key):
+            continue
         full = value.full_tensor() if isinstance(value, DTensor) else value
-        if keep:
+        if rank0:
             states[key] = full.detach().to("cpu")
     return states
 
@@ -151,20 +155,15 @@ def own_storage(tensor):
     return tensor.clone() if tensor.untyped_storage().nbytes() != tensor.nbytes else tensor
 
 
-def write_folder(target: str, tensors: dict, config: dict, files: list) -> None:
-    """The model folder, written beside `target` under a temporary name and renamed into place."""
-    from huggingface_hub import save_torch_state_dict
-
+@contextlib.contextmanager
+def staged(target: str):
+    """A folder beside `target` under a temporary name, renamed into place once the block has filled it."""
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
     staging = os.path.join(parent, f".{os.path.basename(target)}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
-    save_torch_state_dict(tensors, staging, max_shard_size=MAX_SHARD)
-    with open(os.path.join(staging, "config.json"), "w") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-    for path in files:
-        shutil.copyfile(path, os.path.join(staging, os.path.basename(path)))
+    yield staging
     if os.path.exists(target):  # a rerun replaces its earlier export; the old one is gone only once this is whole
         old = os.path.join(parent, f".{os.path.basename(target)}.old-{os.getpid()}")
         os.rename(target, old)
@@ -174,6 +173,28 @@ def write_folder(target: str, tensors: dict, config: dict, files: list) -> None:
         os.rename(staging, target)
 
 
+def fill_folder(folder: str, tensors: dict, config: dict, files: list) -> None:
+    from huggingface_hub import save_torch_state_dict
+
+    save_torch_state_dict(tensors, folder, max_shard_size=MAX_SHARD)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    for path in files:
+        shutil.copyfile(path, os.path.join(folder, os.path.basename(path)))
+
+
+def folder_contents(trainer, states: dict) -> tuple[dict, dict, list]:
+    """(Hugging Face tensors in the export dtype, config.json, companion files) of a gathered state dict."""
+    dtype = TORCH_DTYPE_MAP[trainer.config.export.dtype]
+    tensors = {key: own_storage(value.to(dtype) if value.is_floating_point() else value)
+               for key, value in _adapter(trainer).to_hf(states).items()}
+    source = trainer.config.checkpoint.initial_load_path or None
+    base = _read_json(os.path.join(source, "config.json")) if source else {}
+    config = {**hf_config(trainer, base), "torch_dtype": str(dtype).removeprefix("torch."),
+              "dtype": str(dtype).removeprefix("torch.")}
+    return tensors, config, companions(source, trainer.config.hf_assets_path)
+
+
 def export(trainer) -> str | None:
     """`--export.dir`, if set: the trained model as a Hugging Face folder, written by rank 0; every rank returns
     after it is complete. The adapter's coverage was checked before training (RunHooks.train)."""
@@ -181,18 +202,12 @@ def export(trainer) -> str | None:
     if not target:
         return None
     target = os.path.abspath(target)
-    dtype = TORCH_DTYPE_MAP[trainer.config.export.dtype]
     states = full_state_dict(trainer)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if rank == 0:
-        tensors = {key: own_storage(value.to(dtype) if value.is_floating_point() else value)
-                   for key, value in _adapter(trainer).to_hf(states).items()}
-        source = trainer.config.checkpoint.initial_load_path or None
-        base = _read_json(os.path.join(source, "config.json")) if source else {}
-        config = {**hf_config(trainer, base), "torch_dtype": str(dtype).removeprefix("torch."),
-                  "dtype": str(dtype).removeprefix("torch.")}
-        write_folder(target, tensors, config, companions(source, trainer.config.hf_assets_path))
-        logger.info(f"Exported the trained model ({len(tensors)} tensors, {dtype}) to {target}")
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        tensors, config, files = folder_contents(trainer, states)
+        with staged(target) as staging:
+            fill_folder(staging, tensors, config, files)
+        logger.info(f"Exported the trained model ({len(tensors)} tensors, {config['dtype']}) to {target}")
     if dist.is_initialized():
         dist.barrier()
     return target
