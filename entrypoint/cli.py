@@ -3,7 +3,7 @@
 Configuration comes from the environment (see `--help`), so `docker run -e VARIANT=nki_moe IMAGE` is the whole
 interface; the launcher's own flags only inspect, and every other argument goes to torchtitan after EXTRA_ARGS, as
 torchtitan's run_train.sh passes "$@" (`docker run IMAGE --training.steps 5`). A launch goes: plan -> the stdlib
-checks (preflight.py) -> model assets at full scale (fetch_assets.py) -> the lease on CHECKPOINT_DIR (lease.py) ->
+checks (preflight.py) -> model assets at full scale (neuron_qwen3/fetch.py) -> the lease on CHECKPOINT_DIR (lease.py) ->
 the recipes' pre-launch pass in a child (flags, files, checkpoints) -> torchrun (launch.py).
 """
 
@@ -89,7 +89,7 @@ def check(resolved, settings, environ, root) -> int:
 def prepare(resolved, settings, environ, root, leases) -> int:
     """Everything between the plan and torchrun; 0 to go on, else the launcher's exit status. A lease taken on
     the checkpoint folder is appended to `leases`, for main to release."""
-    from entrypoint import fetch_assets, lease
+    from entrypoint import lease
 
     absent = preflight.missing_assets(resolved, settings)  # decided once: for the checks and for the fetch
     code = reported(preflight.run(resolved, settings, environ, absent, root), settings, environ)
@@ -99,12 +99,14 @@ def prepare(resolved, settings, environ, root, leases) -> int:
         env = {name: value for name, value in environ.items() if name not in contract.SECRETS}
         if environ.get("HF_TOKEN"):  # the only process that needs it; a secret made from a file ends in a newline
             env["HF_TOKEN"] = environ["HF_TOKEN"].strip()
-        code = launch.run([sys.executable, "-m", "entrypoint.fetch_assets", resolved.model, resolved.assets,
-                           *(["--weights"] if settings.init_from == "hub" else [])], env, settings.stop_grace)
-        if code:
-            return code
+        code = launch.run(preflight.fetch_argv(resolved, settings), env, settings.stop_grace)
+        still = [] if code else preflight.missing_assets(resolved, settings)
+        if still:
+            say(f"{resolved.model} was fetched into {resolved.assets} but has no {', '.join(still)}", environ)
+        if code or still:
+            return code or 1
     elif resolved.assets:
-        say(f"assets: {resolved.assets} has {', '.join(fetch_assets.REQUIRED)}: not fetching", environ, sys.stdout)
+        say(f"assets: {resolved.assets} has {', '.join(preflight.ASSETS)}: not fetching", environ, sys.stdout)
     if resolved.checkpoint_dir and resolved.rendezvous.node_rank == 0:
         leases.append(lease.Lease(resolved.checkpoint_dir, settings.rdzv_id or settings.slurm_job_id))
         taken_over = leases[-1].take()

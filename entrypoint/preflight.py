@@ -14,7 +14,6 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from entrypoint import fetch_assets
 from entrypoint.contract import Settings
 from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
 from entrypoint.plan import CACHE_VARS as CACHE_VARS_BY_KIND
@@ -29,6 +28,10 @@ MANY_PROCESSES = 16  # below it, the 65536 open files that 64 ranks need cannot 
 # Device memory per logical NeuronCore on trn2 (96 GiB per device) by NEURON_LOGICAL_NC_CONFIG.
 NEURON_GIB_PER_CORE = {1: 12, 2: 24}
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
+# Full scale: the files training reads from the assets folder; also fetched when the repo has them; INIT_FROM=hub.
+ASSETS = ("config.json", "tokenizer.json", "tokenizer_config.json")
+OPTIONAL_ASSETS = ("generation_config.json", "vocab.json", "merges.txt")
+WEIGHTS = ("*.safetensors", "model.safetensors.index.json")
 CACHE_VARS = sorted({name for per_kind in CACHE_VARS_BY_KIND.values() for name in per_kind})
 
 
@@ -161,9 +164,35 @@ def writable(plan: Plan, settings: Settings, environ, fetching: bool) -> list:
     return findings
 
 
+def weights_present(folder) -> bool:
+    """Every shard model.safetensors.index.json names, else at least one *.safetensors."""
+    try:
+        with open(os.path.join(folder, "model.safetensors.index.json")) as f:
+            shards = set(json.load(f)["weight_map"].values())
+    except FileNotFoundError:
+        return os.path.isdir(folder) and any(name.endswith(".safetensors") for name in os.listdir(folder))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return all(os.path.isfile(os.path.join(folder, name)) for name in shards)
+
+
+def missing(folder, weights=False) -> list:
+    """The files training reads that `folder` lacks (huggingface_hub writes each under a temporary name, then
+    renames); with `weights`, also the safetensors (every shard the index names)."""
+    absent = [name for name in ASSETS if not os.path.isfile(os.path.join(folder, name))]
+    return absent + (["*.safetensors"] if weights and not weights_present(folder) else [])
+
+
 def missing_assets(plan: Plan, settings: Settings) -> list:
     """What the full-scale assets folder lacks (weights too with INIT_FROM=hub): decided once, by the caller of run."""
-    return fetch_assets.missing(plan.assets, weights=settings.init_from == "hub") if plan.assets else []
+    return missing(plan.assets, weights=settings.init_from == "hub") if plan.assets else []
+
+
+def fetch_argv(plan: Plan, settings: Settings) -> list:
+    """The Hub download of the assets (the recipes' child: huggingface_hub is not stdlib)."""
+    weights = WEIGHTS if settings.init_from == "hub" else ()
+    return [sys.executable, "-m", f"{RECIPE_MODULE}.fetch", plan.model, plan.assets, *ASSETS, *OPTIONAL_ASSETS,
+            *weights]
 
 
 def assets(plan: Plan, settings: Settings, absent) -> list:

@@ -11,6 +11,9 @@ from neuron_qwen3 import selftest
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+# Every child (launcher, torchrun, workers) imports this checkout's code, not whichever checkout the venv's
+# editable install points at: a test's result depends on the commit under test.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(RECIPES), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def worker_env(**extra) -> dict:

@@ -13,7 +13,7 @@ import pytest
 import fake_hub
 from fake_hub import TOKEN, asked, full_scale, run_launcher
 
-from entrypoint import fetch_assets
+from entrypoint import preflight
 
 
 @pytest.fixture
@@ -23,25 +23,25 @@ def hub(tmp_path):
 
 
 def fetch(hub, dest, **env):
-    return subprocess.run([sys.executable, "-m", "entrypoint.fetch_assets", "Qwen/Qwen3-4B", str(dest)],
+    return subprocess.run([sys.executable, "-m", "neuron_qwen3.fetch", "Qwen/Qwen3-4B", str(dest), *preflight.ASSETS],
                           env={**hub, **env}, capture_output=True, text=True, timeout=60)
 
 
 def test_missing_lists_the_required_files(tmp_path):
-    assert fetch_assets.missing(tmp_path / "none") == list(fetch_assets.REQUIRED)
+    assert preflight.missing(tmp_path / "none") == list(preflight.ASSETS)
     (tmp_path / "config.json").write_text("{}")
-    assert fetch_assets.missing(tmp_path) == ["tokenizer.json", "tokenizer_config.json"]
+    assert preflight.missing(tmp_path) == ["tokenizer.json", "tokenizer_config.json"]
 
 
 def test_fetch_downloads_the_tokenizer_and_config_and_never_prints_the_token(hub, tmp_path):
     result = fetch(hub, tmp_path / "Qwen3-4B")
     assert result.returncode == 0, result.stderr
-    assert fetch_assets.missing(tmp_path / "Qwen3-4B") == []
+    assert preflight.missing(tmp_path / "Qwen3-4B") == []
     assert TOKEN not in result.stdout + result.stderr
     assert "with token ***" in result.stderr and "100%" in result.stderr  # the progress bar passes through
     [(repo, dest, patterns)] = asked(tmp_path)
     assert (repo, dest) == ("Qwen/Qwen3-4B", str(tmp_path / "Qwen3-4B"))
-    assert set(fetch_assets.REQUIRED) <= set(patterns) and not [p for p in patterns if "safetensors" in p]
+    assert set(preflight.ASSETS) <= set(patterns) and not [p for p in patterns if "safetensors" in p]
 
 
 def test_a_failed_fetch_is_one_redacted_line_and_status_1(hub, tmp_path):
@@ -51,19 +51,19 @@ def test_a_failed_fetch_is_one_redacted_line_and_status_1(hub, tmp_path):
     assert errors == ["entrypoint: could not fetch Qwen/Qwen3-4B into "
                       f"{tmp_path}/Qwen3-4B: OSError: 401 Client Error for url https://huggingface.co/Qwen/Qwen3-4B "
                       "(Authorization: Bearer ***); to go on, fill it where the Hub is reachable (`hf download "
-                      f"Qwen/Qwen3-4B --include '*.json' 'tokenizer*' --local-dir {tmp_path}/Qwen3-4B`) or mount a "
-                      "folder that has them at ASSETS_DIR"]
+                      "Qwen/Qwen3-4B --include 'config.json' 'tokenizer.json' 'tokenizer_config.json' --local-dir "
+                      f"{tmp_path}/Qwen3-4B`) or mount a folder that has them at ASSETS_DIR"]
 
 
-def test_a_fetch_that_leaves_a_file_out_fails(hub, tmp_path):
-    result = fetch(hub, tmp_path / "Qwen3-4B", FAKE_HUB_SKIP="tokenizer.json")
-    assert result.returncode == 1 and "has no tokenizer.json" in result.stderr
+def test_a_fetch_that_leaves_a_file_out_stops_the_launch(hub, tmp_path, monkeypatch, capfd):
+    code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path, FAKE_HUB_SKIP="tokenizer.json"))
+    assert code == 1 and launched == [] and "but has no tokenizer.json" in err, err
 
 
 def test_launcher_fetches_missing_assets_then_launches(hub, tmp_path, monkeypatch, capfd):
     code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path))
     assert code == 0, err
-    assert fetch_assets.missing(tmp_path / "assets" / "Qwen3-4B") == [] and len(launched) == 1
+    assert preflight.missing(tmp_path / "assets" / "Qwen3-4B") == [] and len(launched) == 1
     assert TOKEN not in out + err
     assert f"--hf_assets_path={tmp_path / 'assets' / 'Qwen3-4B'}" in launched[0]
 
@@ -71,7 +71,7 @@ def test_launcher_fetches_missing_assets_then_launches(hub, tmp_path, monkeypatc
 def test_launcher_skips_the_fetch_when_assets_are_present(hub, tmp_path, monkeypatch, capfd):
     dest = tmp_path / "assets" / "Qwen3-4B-Instruct-2507"
     dest.mkdir(parents=True)
-    for name in fetch_assets.REQUIRED:
+    for name in preflight.ASSETS:
         (dest / name).write_text("{}")
     code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path, VARIANT="v5"))
     assert code == 0 and len(launched) == 1, err

@@ -105,7 +105,7 @@ def test_dry_run_does_not_import_torch(tmp_path):
 def test_every_launcher_module_is_stdlib_only():
     """The launch path (preflight, checkpoints, assets, rendezvous, launch) imports nothing outside the stdlib."""
     code = ("import sys, sysconfig; import entrypoint.cli, entrypoint.preflight, "
-            "entrypoint.fetch_assets, entrypoint.rendezvous, entrypoint.launch, entrypoint.lease; "
+            "entrypoint.rendezvous, entrypoint.launch, entrypoint.lease; "
             "roots = {sysconfig.get_path(k) for k in ('stdlib', 'platstdlib')}; "
             "print('\\n'.join(m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None) "
             "and not any(m.__file__.startswith(r) for r in roots)))")
