@@ -127,8 +127,10 @@ def trained_titan(done, name):
     checkpoint (fp32, MoE experts in fp32)."""
     from torchtitan.config.override import apply_overrides
 
-    from neuron_qwen3 import config_registry, lora
+    from neuron_qwen3 import config_registry, hf_rope_fix, lora
 
+    if name == "v5":
+        hf_rope_fix.apply()  # as the v5 trainer does before it builds the model
     config = moe_config("float32") if name == "moe" else getattr(config_registry, f"{VARIANT[name]}_qwen3_smoke")()
     model_config = config.model_spec.model
     model_config.update_from_config(config=config)
