@@ -29,7 +29,7 @@ def load(folder) -> tuple[dict, list]:
     report = folder if (folder / "summary.json").exists() else folder / "report"
     summary = json.loads((report / "summary.json").read_text())
     records = [json.loads(line) for line in (report / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return summary, records
+    return summary, [r for r in records if "loss" in r]  # training steps, not validation lines
 
 
 def label(summary: dict, folder) -> str:

@@ -68,7 +68,8 @@ def dry_run(resolved, settings, environ) -> int:
     findings, answer = preflight.recipes_pass(resolved, settings, environ, print_config=True, check_files=False)
     if reported([f for f in findings if f.fatal], settings, environ) or not answer:
         return 2
-    shown = {**asdict(resolved), "model_size": answer["model"], "torchtitan_config": answer["config"]}
+    shown = {**asdict(resolved), "model_size": answer["model"], "notes": answer["lines"],
+             "torchtitan_config": answer["config"]}
     print(contract.redact(json.dumps(shown, indent=2), environ))
     return 0
 

@@ -66,6 +66,20 @@ def integer(allowed, low=0, high=None, refused=()):
     return parse
 
 
+DECIMAL = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?"  # no sign, nan, inf, `_` or hex: what a user means by a number
+
+
+def decimal(allowed, low, high):
+    """A number above `low`, at most `high`."""
+    @accepting(allowed)
+    def parse(raw) -> float:
+        if not re.fullmatch(DECIMAL, raw) or not low < float(raw) <= high:
+            raise ValueError
+        return float(raw)
+
+    return parse
+
+
 def text(allowed):
     return accepting(allowed)(lambda raw: raw)
 
@@ -77,6 +91,8 @@ word = matching(WORD, "letters, digits, `.`, `_`, `-`")
 module_name = matching(MODULE_NAME, "a Python module name")
 qwen3_id = matching(QWEN3_ID, "a Qwen3 Hub id like Qwen/Qwen3-8B (`--list`)")
 path = text("a path")
+validation = matching(r"0?\.[0-9]*[1-9][0-9]*|(?![0-9.]+$)[^-].*", "a local file or folder, or a fraction above 0 "
+                      "and below 1 like 0.05")
 
 
 @accepting("shell words")
@@ -206,6 +222,19 @@ VARS = (
     Var("COMPILE", "0", switch, "torch.compile (backend `neuron` on Trainium, `inductor` elsewhere)",
         flag="--compile.enable --compile.backend"),
     Var("STEPS", None, positive_int, "training steps; default: the config's", flag="--training.steps"),
+    Var("LR", None, decimal("a number above 0, at most 1, like 2e-5", 0, 1), "peak learning rate, every param "
+        "group; default: the config's (8e-4), 2e-5 with INIT_FROM (torchtitan's Qwen3 SFT)", flag="--tune.lr"),
+    Var("WARMUP_STEPS", None, matching(r"\d+|0?\.\d*[1-9]\d*", "whole steps, or a fraction of the steps below 1 "
+        "like 0.03"), "linear warm-up to LR; default: the config's, 0.08 with INIT_FROM",
+        flag="--tune.warmup"),
+    Var("LR_SCHEDULE", None, choice("linear", "sqrt", "cosine"), "decay after the warm-up (torchtitan's kinds); default: "
+        "the config's (linear); constant: EXTRA_ARGS=--lr_scheduler.decay_ratio=0",
+        flag="--lr_scheduler.decay_type"),
+    Var("BATCH_SIZE", None, positive_int, "sequences per step, a multiple of the local batch x data-parallel ranks "
+        "(the rest is gradient accumulation); default: one of each", flag="--training.global_batch_size"),
+    Var("SEQ_LEN", None, positive_int, "tokens per sequence; default: the config's", flag="--training.seq_len"),
+    Var("SEED", None, integer("an integer from 0 to 4294967295", 0, 2**32 - 1), "torchtitan's RNG seed (model "
+        "initialisation); default: the config's (0 at smoke, else rank 0 draws one)", flag="--debug.seed"),
     Var("NPROC", None, positive_int, "processes per node; default PET_NPROC_PER_NODE, else one per logical "
         "NeuronCore or GPU, 1 on CPU"),
     Var("EXTRA_ARGS", "", shell_words, "more torchtitan arguments, last (before the command line's); flags "
@@ -215,9 +244,12 @@ VARS = (
         "`*.safetensors`), loaded through torchtitan's state-dict adapter; an adapter folder: LoRA continues it",
         flag="--checkpoint.initial_load_path --checkpoint.initial_load_in_hf --checkpoint.initial_load_model_only"),
     Var("EXPORT_DIR", None, path, "after training (also when the data runs out), a Hugging Face model "
-        "folder there (config.json, safetensors, tokenizer), written atomically", flag="--export.dir"),
+        "folder there (config.json, safetensors in the Hub's sharded layout, tokenizer): every rank writes its own "
+        "part, the folder is renamed into place", flag="--export.dir"),
     Var("EXPORT_DTYPE", "bfloat16", choice("bfloat16", "float32"), "dtype of the exported weights",
         flag="--export.dtype"),
+    Var("EXPORT_MAX_SHARD_MB", "5000", positive_int, "the export's largest safetensors file, in MB (the Hub's "
+        "5GB)", flag="--export.max_shard_mb"),
     Var("LORA_RANK", None, positive_int, "LoRA adapters of this rank over INIT_FROM's frozen weights (EXPORT_DIR: a "
         "PEFT adapter folder); unset: full fine-tuning", flag="--lora.rank"),
     Var("LORA_ALPHA", None, text("a positive number"), "the update is scaled by alpha / rank; default: 2 x rank",
@@ -234,7 +266,17 @@ VARS = (
         "read offline",
         flag="--dataloader.source"),
     Var("DATASET_FIELD", "text", matching(WORD, "a field name (letters, digits, `.`, `_`, `-`)"), "the record field "
-        "that holds the text or a chat `messages` list (which makes the run SFT)", flag="--dataloader.field"),
+        "that holds the text, or a conversation (`messages`, ShareGPT `conversations`; `prompt` + `completion` "
+        "records are one turn), which makes the run SFT", flag="--dataloader.field"),
+    Var("TRAIN_ON", "assistant", choice("assistant", "last", "all"), "conversations: the tokens that count in the "
+        "loss: every assistant turn, the final one, or every token", flag="--dataloader.train_on"),
+    Var("VALIDATION", None, validation, "held-out data (same formats as DATASET), or that share of DATASET's "
+        "records (seeded, never trained on): its mean loss every VALIDATION_INTERVAL steps and after the last",
+        flag="--dataloader.validation"),
+    Var("VALIDATION_INTERVAL", None, positive_int, "steps between validations; default: the config's",
+        flag="--validator.freq"),
+    Var("EPOCHS", None, positive_int, "passes over a local DATASET, each reshuffled; the steps are derived from "
+        "the packed data (not with STEPS)", flag="--dataloader.epochs"),
     Var("WANDB_MODE", None, text("a mode wandb accepts, e.g. offline"), "Weights & Biases beside TensorBoard: on "
         "with WANDB_API_KEY or WANDB_MODE=offline", flag="--metrics.enable_wandb"),
     Var("WANDB_API_KEY", None, text("a key"), "Weights & Biases key; never printed", flag="--metrics.enable_wandb",
@@ -291,6 +333,9 @@ VARS = (
     Var("PEER_TIMEOUT", "100", seconds, "once training runs, how long a silent peer is waited for: by every "
         "collective and, on every node but 0, by the launcher for the rendezvous host", "faults",
         flag="--comm.train_timeout_seconds"),
+    Var("NAN_POLICY", "stop", choice("stop", "warn"), "a NaN or infinite loss stops the run before its step is "
+        "saved (worker exit 3); a loss jump above its recent median + 10 x spread too, unless `warn`",
+        "faults", flag="--divergence.policy"),
     Var("STOP_GRACE", "20", seconds, "after SIGTERM/SIGINT, seconds before everything the launcher started is "
         "SIGKILLed: the step in flight and the save on stop must fit", "faults"),
     # ---- preflight

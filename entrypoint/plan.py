@@ -24,7 +24,7 @@ OWNED_FLAGS = {"module": "MODULE", "config": "CONFIG (or VARIANT and SCALE)", "d
                "neuron.logical_nc_config": "NEURON_LOGICAL_NC_CONFIG", "comm.train_timeout_seconds": "PEER_TIMEOUT"}
 # Variables whose flags depend on other settings: built by the functions below, not passed as they are.
 BUILT = ("CHECKPOINT_INTERVAL", "CHECKPOINT_KEEP", "ASSETS_DIR", "OUTPUT_DIR", "CONFIG", "MODULE", "WANDB_MODE")
-PATHS = ("EXPORT_DIR", "DATASET")  # made absolute (DATASET when it is a local path): workers start elsewhere
+PATHS = ("EXPORT_DIR", "DATASET", "VALIDATION")  # made absolute (data when a local path): workers start elsewhere
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def passed_args(settings: Settings, environ) -> list:
         value = getattr(settings, var.name.lower())
         if not var.flag.startswith("--") or " " in var.flag or var.name in BUILT or var.name not in environ:
             continue
-        if var.name in PATHS and (var.name != "DATASET" or os.path.exists(value)):
+        if var.name in PATHS and (var.name == "EXPORT_DIR" or os.path.exists(value)):
             value = os.path.abspath(value)
         args.append(f"{var.flag}={value}")
     return args

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from neuron_qwen3 import selftest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,3 +56,11 @@ ROOTED = "import sys; from entrypoint import cli; sys.exit(cli.main(sys.argv[2:]
 
 def launcher_at(root, *args) -> list:
     return [sys.executable, "-c", ROOTED, str(root), *args]
+
+
+@pytest.fixture(scope="session")
+def qwen_size_tokenizer(tmp_path_factory) -> str:
+    """The folder of a tokenizer of Qwen's real size (tests/qwen_size.py), built once per session."""
+    import qwen_size
+
+    return qwen_size.build(tmp_path_factory.mktemp("qwen-size-tokenizer"))

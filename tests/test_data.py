@@ -1,8 +1,8 @@
-"""DATASET / DATASET_FIELD: the pre-launch checks (one line, exit 2), the loader chosen, and the SFT masking.
+"""DATASET / DATASET_FIELD / TRAIN_ON: the pre-launch checks (one line, exit 2), the flags, the tokenizer chosen,
+and what neuron_qwen3.data.DataLoader decides from the records.
 
-The masking test builds torchtitan's own ChatDataset on the bundled tokenizer and its ChatML-style template and
-checks that the tokens counting in the loss are exactly the assistant's reply of a two-turn (user, assistant)
-record. The launcher tests stop before torchrun (nothing trains here; tests/test_finetune.py trains).
+The launcher tests stop before torchrun (nothing trains here). Masks: tests/test_data_masks.py; packing and
+resume: tests/test_data_packing.py; bad records: tests/test_data_records.py; training: tests/test_finetune_chat.py.
 """
 
 import json
@@ -14,9 +14,9 @@ import pytest
 from conftest import REPO, worker_env
 from entrypoint import contract, preflight
 
-ASSISTANT = "Paris is the capital."
-RECORD = {"messages": [{"role": "user", "content": "Name the capital of France."},
-                       {"role": "assistant", "content": ASSISTANT}]}
+CHAT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"},
+                     {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And Italy?"},
+                     {"role": "assistant", "content": "Rome."}]}
 
 
 def launcher(tmp_path, **env):
@@ -39,7 +39,7 @@ def test_a_missing_file_or_an_offline_hub_id_is_one_fatal_line_of_the_launcher(t
     assert preflight.dataset(contract.parse({"SCALE": "full", "DATASET": "someone/their-data"})) == []
 
 
-@pytest.mark.parametrize("case", ["empty", "no field", "parquet no field", "three turns"])
+@pytest.mark.parametrize("case", ["empty", "no field", "parquet no field", "no assistant turn"])
 def test_records_that_cannot_train_are_one_line_of_the_pre_launch_pass(tmp_path, case):
     from neuron_qwen3 import data
 
@@ -51,20 +51,29 @@ def test_records_that_cannot_train_are_one_line_of_the_pre_launch_pass(tmp_path,
     elif case == "parquet no field":
         path = tmp_path / "data.parquet"
         write_parquet(path, [{"body": "words"}])
-    elif case == "three turns":
-        path.write_text(json.dumps({"messages": RECORD["messages"] * 2}) + "\n")
-    problem = data.scan(str(path), "messages" if case == "three turns" else "text")
+    elif case == "no assistant turn":
+        path.write_text(json.dumps(CHAT) + "\n" + json.dumps({"messages": CHAT["messages"][:2]}) + "\n")
+    problem = data.scan(str(path), "messages" if case == "no assistant turn" else "text").problem
     assert problem and "\n" not in problem and problem.startswith(str(path)), problem
 
 
 def test_good_datasets_pass(tmp_path):
+    """Multi-turn chat with a system turn (refused before issue 19), prompt/completion, parquet text."""
     from neuron_qwen3 import data
 
-    (tmp_path / "chat.jsonl").write_text(json.dumps(RECORD) + "\n")
+    (tmp_path / "chat.jsonl").write_text(json.dumps(CHAT) + "\n")
+    (tmp_path / "pc.jsonl").write_text(json.dumps({"prompt": "2+2?", "completion": "4"}) + "\n")
     write_parquet(tmp_path / "text.parquet", [{"text": "words"}])
-    for name, field in (("chat.jsonl", "messages"), ("text.parquet", "text")):
-        assert data.scan(str(tmp_path / name), field) is None
+    for name, field in (("chat.jsonl", "messages"), ("pc.jsonl", "text"), ("text.parquet", "text")):
+        assert data.scan(str(tmp_path / name), field).problem is None
         assert preflight.dataset(contract.parse({"SCALE": "smoke", "DATASET": str(tmp_path / name)})) == []
+
+
+def test_train_on_is_a_flag_of_the_contract():
+    assert contract.parse({"TRAIN_ON": "last"}).train_on == "last"
+    assert contract.parse({}).train_on == "assistant"
+    with pytest.raises(contract.UsageError, match=r"^TRAIN_ON='prompt' is not one of: assistant, last, all"):
+        contract.parse({"TRAIN_ON": "prompt"})
 
 
 def test_launcher_exits_2_before_torchrun(tmp_path):
@@ -77,51 +86,52 @@ def test_launcher_exits_2_before_torchrun(tmp_path):
     result = launcher(tmp_path, DATASET=str(tmp_path / "no-field.jsonl"))
     assert result.returncode == 2 and "torch.distributed.run" not in result.stdout
     assert [line for line in result.stderr.splitlines() if "warning:" not in line] == [
-        f"entrypoint: DATASET: {tmp_path / 'no-field.jsonl'}: its first record has no field 'text' (it has: body)"]
+        f"entrypoint: DATASET: {tmp_path / 'no-field.jsonl'}:1: no field DATASET_FIELD='text' (the record has: body)"]
 
 
-@pytest.mark.training  # builds torchtitan's datasets: seconds, too slow for make test-fast
-def test_loader_follows_the_records(tmp_path):
+def build(source, field="text", tokenizer=None, **config):
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
-    from torchtitan.hf_datasets.text_datasets import ChatDataset, HuggingFaceTextDataset
 
     from neuron_qwen3 import config_registry, data
 
-    text, chat = tmp_path / "text.jsonl", tmp_path / "chat.jsonl"
-    text.write_text(json.dumps({"body": "words " * 200}) + "\n")
-    chat.write_text(json.dumps(RECORD) + "\n")
-    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(config_registry.SMOKE_TOKENIZER))
-
-    def built(source, field):
-        return data.DataLoader.Config(source=str(source), field=field).build(
-            dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=16, local_batch_size=1)
-
-    assert isinstance(built(text, "body").dataset, HuggingFaceTextDataset)
-    assert isinstance(built(chat, "messages").dataset, ChatDataset)
-    with pytest.raises(ValueError):
-        data.local_files(str(tmp_path / "nothing.csv"))
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=tokenizer or str(config_registry.SMOKE_TOKENIZER))
+    return data.DataLoader.Config(source=str(source), field=field, **config).build(
+        dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=128, local_batch_size=1)
 
 
-@pytest.mark.training  # imports torchtitan and datasets
-def test_sft_masking_counts_exactly_the_assistant_tokens(tmp_path):
-    from datasets import load_dataset
-    from torchtitan.components.loss import IGNORE_INDEX
-    from torchtitan.components.tokenizer import HuggingFaceTokenizer
-    from torchtitan.hf_datasets.text_datasets import ChatDataset
+@pytest.mark.training  # imports torchtitan and datasets: seconds, too slow for make test-fast
+def test_the_kind_is_read_from_the_records(tmp_path):
+    (tmp_path / "text.jsonl").write_text(json.dumps({"body": "words and words"}) + "\n")
+    (tmp_path / "chat.jsonl").write_text(json.dumps(CHAT) + "\n")
+    (tmp_path / "sharegpt.json").write_text(json.dumps([{"conversations": [{"from": "human", "value": "Hi"},
+                                                                          {"from": "gpt", "value": "Hello"}]}]))
+    (tmp_path / "pc.jsonl").write_text(json.dumps({"prompt": "2+2?", "completion": "4"}) + "\n")
+    (tmp_path / "lines.txt").write_text("one line\n\nanother line\n")
+    write_parquet(tmp_path / "text.parquet", [{"text": "words"}] * 3)
+    for name, field, kind, records in (("text.jsonl", "body", "text", 1), ("chat.jsonl", "messages", "chat", 1),
+                                       ("sharegpt.json", "conversations", "chat", 1), ("pc.jsonl", "text", "chat", 1),
+                                       ("lines.txt", "text", "text", 2), ("text.parquet", "text", "text", 3)):
+        loader = build(tmp_path / name, field, infinite=False)
+        windows = list(loader)
+        assert windows and loader.stats()["kind"] == kind and loader.stats()["records"] == records, name
 
+
+@pytest.mark.training
+def test_the_chat_template_is_the_trained_models(tmp_path, qwen_size_tokenizer):
+    """INIT_FROM's folder (here one with the real-size tokenizer) renders the data when it has a tokenizer; else
+    the trainer's tokenizer (hf_assets_path) does; dataloader.tokenizer_folder, when set, wins."""
     from neuron_qwen3 import config_registry, data
 
-    (tmp_path / "chat.jsonl").write_text(json.dumps(RECORD) + "\n")
-    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(config_registry.SMOKE_TOKENIZER))
-    dataset = ChatDataset(load_dataset("json", data_files=str(tmp_path / "chat.jsonl"), split="train"), tokenizer,
-                          sample_processor=lambda sample: data.messages(sample, "messages"), seq_len=128)
-    inputs, labels = next(iter(dataset))
-    counted = labels[labels != IGNORE_INDEX].tolist()
-    # by hand: the template closes each turn with `<|im_end|>\n`; ChatDataset strips the trailing newline and
-    # ends the record with EOS, so the loss sees the reply, its `<|im_end|>` and EOS, and nothing of the prompt
-    reply = tokenizer.encode(ASSISTANT + "<|im_end|>", add_bos=False, add_eos=False)
-    assert counted == reply + [tokenizer.eos_id]
-    assert tokenizer.decode(counted[:-1]) == ASSISTANT + "<|im_end|>"
-    prompt = "<|im_start|>user\nName the capital of France.<|im_end|>\n<|im_start|>assistant\n"
-    assert tokenizer.decode(inputs["input"][: len(tokenizer.encode(prompt, add_bos=False, add_eos=False))].tolist()) \
-        == prompt
+    config = config_registry.native_qwen3_smoke()
+    assert data.tokenizer_of(config) == config.hf_assets_path == str(config_registry.SMOKE_TOKENIZER)
+    config.checkpoint.initial_load_path, config.checkpoint.initial_load_in_hf = qwen_size_tokenizer, True
+    assert data.tokenizer_of(config) == qwen_size_tokenizer
+    config.checkpoint.initial_load_path = str(tmp_path)  # a model folder without a tokenizer
+    assert data.tokenizer_of(config) == config.hf_assets_path
+    config.dataloader.tokenizer_folder = qwen_size_tokenizer
+    assert data.tokenizer_of(config) == qwen_size_tokenizer
+    (tmp_path / "chat.jsonl").write_text(json.dumps(CHAT) + "\n")
+    ours = next(iter(build(tmp_path / "chat.jsonl", "messages", tokenizer_folder=qwen_size_tokenizer)))[0]["input"]
+    assert ours[0, 0].item() == 151644  # <|im_start|> of Qwen's vocabulary
+    bundled = next(iter(build(tmp_path / "chat.jsonl", "messages", tokenizer_folder=str(tmp_path))))[0]["input"]
+    assert bundled.max().item() < 2048

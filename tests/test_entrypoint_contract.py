@@ -67,7 +67,26 @@ BAD = [("VARIANT", "foo"), ("VARIANT", ""), ("SCALE", "huge"), ("COMPILE", "mayb
        ("CHECKPOINT_KEEP", "1"), ("CHECKPOINT_KEEP", "-2"), ("MAX_RESTARTS", "-1"), ("STOP_GRACE", "0"),
        ("STOP_GRACE", "1.5"), ("PREFLIGHT", "off"), ("HF_HUB_OFFLINE", "maybe"), ("NEURON_CC_FLAGS", "--lnc='2"),
        ("MODEL", "Qwen/Qwen2-7B"), ("MODEL", "meta-llama/Llama-3-8B"), ("MODEL", "Qwen/Qwen3-8b"),
-       ("NEURON_QWEN3_MOE_KERNEL", "NKI")]
+       ("NEURON_QWEN3_MOE_KERNEL", "NKI"), ("LR", "0"), ("LR", "nan"), ("LR", "inf"), ("LR", "1e999"), ("LR", "-1e-5"),
+       ("LR", "2"), ("LR", "1e-400"), ("LR", "0x1"), ("LR", "1_0"), ("LR", "2e-5 "), ("WARMUP_STEPS", "1.5"),
+       ("WARMUP_STEPS", "1.0"), ("WARMUP_STEPS", "-3"), ("WARMUP_STEPS", "nan"), ("WARMUP_STEPS", "0.0"), ("WARMUP_STEPS", "1e-2"),
+       ("LR_SCHEDULE", "constant"), ("LR_SCHEDULE", "Cosine"), ("BATCH_SIZE", "0"), ("BATCH_SIZE", "2.5"),
+       ("SEQ_LEN", "0"), ("SEQ_LEN", "1e3"), ("SEED", "-1"), ("SEED", "4294967296"), ("NAN_POLICY", "ignore"),
+       ("VALIDATION", ""), ("VALIDATION", "0"), ("VALIDATION", "1"),
+       ("VALIDATION", "0.0"), ("VALIDATION", "1.5"), ("VALIDATION", "5"), ("VALIDATION", "-0.1"),
+       ("VALIDATION", "--training.steps=9"), ("VALIDATION", "a\nb"), ("VALIDATION_INTERVAL", "0"),
+       ("VALIDATION_INTERVAL", "2.5"), ("EPOCHS", "0"), ("EPOCHS", "-1"), ("EPOCHS", "1.5"), ("EPOCHS", "three"),
+       ("EPOCHS", " 2")]
+# Variables whose value is free text (paths, ids, tokens, shell words): passed as one argv word, never to a shell.
+FREE_TEXT = {"EXTRA_ARGS", "INIT_FROM", "EXPORT_DIR", "DATASET", "WANDB_MODE", "WANDB_API_KEY", "ASSETS_DIR",
+             "OUTPUT_DIR", "CACHE_DIR", "CHECKPOINT_DIR", "CUDA_VISIBLE_DEVICES", "HF_TOKEN", "NEURON_CC_FLAGS",
+             "VALIDATION"}
+HOSTILE = ["$(reboot)", "1;reboot", "`id`", "1\n2", "", "\x00", "../../etc/passwd", "1 --training.steps=9"]
+
+
+@pytest.mark.parametrize("raw", ["0.05", ".5", "0.999", "data/val.jsonl", "/data/val", "val.parquet"])
+def test_validation_is_a_fraction_or_a_path(raw):
+    assert contract.parse({"VALIDATION": raw}).validation == raw
 
 
 @pytest.mark.parametrize("name, raw", BAD)
@@ -75,6 +94,24 @@ def test_bad_value_names_variable_value_and_allowed(name, raw):
     with pytest.raises(contract.UsageError) as error:
         contract.parse({name: raw})
     assert str(error.value) == f"{name}={raw!r} is not {VAR[name].allowed}"
+
+
+@pytest.mark.parametrize("raw", HOSTILE)
+@pytest.mark.parametrize("name", sorted(set(VAR) - FREE_TEXT))
+def test_every_structured_variable_refuses_hostile_values_in_one_line(name, raw):
+    """Each variable that is not free text, new ones included (the table drives it): one line, as parse says it."""
+    with pytest.raises(contract.UsageError) as error:
+        contract.parse({name: raw})
+    assert str(error.value) == f"{name}={raw!r} is not {VAR[name].allowed}" and "\n" not in str(error.value)
+
+
+def test_the_fine_tuning_knobs_parse_to_their_flag_values():
+    settings = contract.parse({"LR": "2e-5", "WARMUP_STEPS": "0.03", "LR_SCHEDULE": "sqrt", "BATCH_SIZE": "32",
+                               "SEQ_LEN": "2048", "SEED": "0", "NAN_POLICY": "warn"})
+    assert (settings.lr, settings.warmup_steps, settings.lr_schedule, settings.batch_size, settings.seq_len,
+            settings.seed, settings.nan_policy) == (2e-5, "0.03", "sqrt", 32, 2048, 0, "warn")
+    assert (contract.parse({"WARMUP_STEPS": "100"}).warmup_steps, contract.parse({"LR": ".5"}).lr) == ("100", 0.5)
+    assert contract.parse({}).nan_policy == "stop"
 
 
 def test_secrets_are_redacted_and_kept_out_of_repr():

@@ -148,10 +148,11 @@ def test_every_variable_set_reaches_the_workers_as_its_flag(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("{}")
     environ = {"STEPS": "3", "COMPILE": "1", "MODEL": "Qwen/Qwen3-8B", "INIT_FROM": "/w", "EXPORT_DIR": "e",
-               "EXPORT_DTYPE": "float32", "DATASET": str(data), "DATASET_FIELD": "t", "WANDB_MODE": "offline",
+               "EXPORT_DTYPE": "float32", "EXPORT_MAX_SHARD_MB": "500", "DATASET": str(data), "DATASET_FIELD": "t", "WANDB_MODE": "offline",
                "WANDB_API_KEY": "k", "ASSETS_DIR": "/a", "OUTPUT_DIR": "/o", "CHECKPOINT_DIR": "/c",
                "NEURON_LOGICAL_NC_CONFIG": "1", "NEURON_QWEN3_MOE_KERNEL": "reference", "CHECKPOINT_INTERVAL": "5",
-               "CHECKPOINT_KEEP": "2", "DEVICE": "neuron"}
+               "CHECKPOINT_KEEP": "2", "DEVICE": "neuron", "LR": "2e-5", "WARMUP_STEPS": "0.03",
+               "LR_SCHEDULE": "cosine", "BATCH_SIZE": "64", "SEQ_LEN": "1024", "SEED": "7", "NAN_POLICY": "warn"}
     args = build("neuron", environ).worker_args
     for var in contract.VARS:
         if var.name in environ and var.flag.startswith("--"):
@@ -160,11 +161,18 @@ def test_every_variable_set_reaches_the_workers_as_its_flag(tmp_path):
     assert after(args, "--config") == "native_qwen3_8b" and after(args, "--report.model") == "Qwen/Qwen3-8B"
     assert after(args, "--export.dir") == os.path.abspath("e") and after(args, "--dataloader.source") == str(data)
     assert after(args, "--neuron.logical_nc_config") == "1" and after(args, "--training.steps") == "3"
+    assert [after(args, flag) for flag in ("--tune.lr", "--tune.warmup", "--lr_scheduler.decay_type",
+                                           "--training.global_batch_size", "--training.seq_len", "--debug.seed",
+                                           "--divergence.policy")] == ["2e-05", "0.03", "cosine", "64", "1024", "7",
+                                                                       "warn"]
+    assert after(args, "--export.max_shard_mb") == "500"
 
 
 def test_defaults_are_the_configs_own_and_a_hub_dataset_stays_an_id():
     args = build("cpu", SCALE="smoke").worker_args
-    assert not [arg for arg in args if arg.startswith(("--training.steps", "--export", "--dataloader", "--neuron"))]
+    assert not [arg for arg in args if arg.startswith(("--training.steps", "--export", "--dataloader", "--neuron",
+                                                       "--tune", "--lr_scheduler", "--training.global_batch_size",
+                                                       "--training.seq_len", "--debug", "--divergence"))]
     assert after(build("cpu", DATASET="allenai/c4").worker_args, "--dataloader.source") == "allenai/c4"
 
 

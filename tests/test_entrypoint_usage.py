@@ -4,6 +4,7 @@ Run: .venv/bin/python -m pytest tests/test_entrypoint_usage.py -q
 """
 
 import os
+import re
 import subprocess
 
 import pytest
@@ -92,8 +93,10 @@ def test_check_runs_every_preflight_check_and_creates_nothing(tmp_path):
     work.mkdir()
     ok = entrypoint("--check", cwd=work, root=tmp_path, SCALE="smoke", CHECKPOINT_DIR="ckpt")
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.splitlines() == [f"entrypoint: checkpoints: none complete in {work}/ckpt: starting at step 0",
-                                      "entrypoint: check: the launch would start: native_qwen3_smoke on 1 CPU cores"]
+    checkpoints, dataset, verdict = ok.stdout.splitlines()
+    assert checkpoints == f"entrypoint: checkpoints: none complete in {work}/ckpt: starting at step 0"
+    assert re.fullmatch(r"entrypoint: dataset: \d+ records in /\S+/assets/corpus\S*", dataset), dataset
+    assert verdict == "entrypoint: check: the launch would start: native_qwen3_smoke on 1 CPU cores"
     assert list(work.iterdir()) == []  # no outputs/, cache/, assets/ or ckpt/ made
     (work / "ckpt").write_text("")
     bad = entrypoint("--check", cwd=work, root=tmp_path, SCALE="smoke", CHECKPOINT_DIR="ckpt")
@@ -111,6 +114,12 @@ def test_a_wrong_torchtitan_flag_is_one_line_naming_the_nearest_before_anything_
         result = entrypoint(*args, cwd=work, root=tmp_path, SCALE="smoke")
         assert result.returncode == 2 and result.stderr.splitlines() == [
             "entrypoint: torchtitan arguments: Unrecognized options: --optimizer.lr, 2e-5 (nearest: "
+            "--optimizer.param-groups.0.optimizer-kwargs.lr)"], result.stderr
+        assert "torch.distributed.run" not in result.stdout
+    for args in (("--check",), ()):  # `--flag=value`, which tyro matches whole: the nearest come from the split
+        result = entrypoint(*args, cwd=work, root=tmp_path, SCALE="smoke", EXTRA_ARGS="--optimizer.lr=1")
+        assert result.returncode == 2 and result.stderr.splitlines() == [
+            "entrypoint: torchtitan arguments: Unrecognized options: --optimizer.lr=1 (nearest: "
             "--optimizer.param-groups.0.optimizer-kwargs.lr)"], result.stderr
         assert "torch.distributed.run" not in result.stdout
     bad_value = entrypoint("--check", "--training.steps", "ten", cwd=work, root=tmp_path, SCALE="smoke")

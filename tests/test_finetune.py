@@ -1,8 +1,8 @@
 """Fine-tuning proofs against transformers: INIT_FROM a model transformers made, train, EXPORT_DIR, serve it.
 
 Two real launcher runs of the native smoke config on CPU, shared by every test here:
-  A: INIT_FROM = a random Qwen3ForCausalLM saved by transformers, 8 steps at the config's learning rate,
-     own data (.jsonl), EXPORT_DTYPE=float32 -> export A
+  A: INIT_FROM = a random Qwen3ForCausalLM saved by transformers, 8 steps at the config's pretraining learning rate
+     (LR=8e-4: the model is random, not released), own data (.jsonl), EXPORT_DTYPE=float32 -> export A
   B: INIT_FROM = export A, learning rate 0, 2 steps, own data (.parquet), EXPORT_DTYPE=float32 -> export B
 Run: .venv/bin/python -m pytest tests/test_finetune.py
 """
@@ -61,7 +61,7 @@ def runs(tmp):
         return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
                               text=True, timeout=900)
 
-    a = launch("a", INIT_FROM=source, STEPS="8", DATASET=f"{tmp}/own.jsonl")
+    a = launch("a", INIT_FROM=source, STEPS="8", DATASET=f"{tmp}/own.jsonl", LR="8e-4")
     b = launch("b", INIT_FROM=f"{tmp}/a", STEPS="2", DATASET=f"{tmp}/own.parquet", EXTRA_ARGS=ZERO_LR)
     return source, a, b
 
@@ -136,7 +136,8 @@ def test_served_as_is_by_transformers(done):
 
     folder = f"{done[0]}/../a"
     config = json.loads(open(f"{folder}/config.json").read())
-    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["torch_dtype"] == "float32"
+    # the dtype under the source's name (transformers 5 writes `dtype`)
+    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["dtype"] == "float32"
     model = transformers.AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     prompt = tokenizer("The quiet cat reads", return_tensors="pt")

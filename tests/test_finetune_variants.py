@@ -7,7 +7,7 @@ tests/test_finetune.py proves `native` on one process. Here, every shape comes f
 - three real launcher runs on CPU, shared by the tests below:
     moe:  VARIANT=nki_moe, INIT_FROM a Qwen3MoeForCausalLM, learning rate 0, 2 steps, NPROC=2, float32 export
     v5:   VARIANT=v5, INIT_FROM a Qwen3ForCausalLM, learning rate 0, 2 steps, float32 export
-    chat: VARIANT=native, DATASET a `messages` .jsonl (SFT through ChatDataLoader), 8 steps, export
+    chat: VARIANT=native, DATASET a `messages` .jsonl (SFT through neuron_qwen3.data), 8 steps, export
 Run: .venv/bin/python -m pytest tests/test_finetune_variants.py -q
 """
 

@@ -120,6 +120,31 @@ def test_the_answer_states_the_model_and_how_it_fits():
     assert answer["warnings"] == [f"Qwen/Qwen3-8B: {answer['model']['why']}"]
 
 
+def test_the_dataset_is_scanned_record_by_record(tmp_path):
+    """Multi-turn conversations pass (the old pass refused all but one user and one assistant turn) and are
+    counted; a bad record further down is the problem, named by its line; TRAIN_ON's flag parses, a bad value is
+    tyro's one line."""
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+             {"role": "assistant", "content": "4"}, {"role": "user", "content": "3+3?"},
+             {"role": "assistant", "content": "6"}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text((json.dumps({"messages": turns}) + "\n") * 2)
+
+    def check(*flags):
+        args = ["--module", "neuron_qwen3", "--config", "native_qwen3_smoke", f"--dataloader.source={path}",
+                "--dataloader.field=messages", *flags]
+        return preflight.run({"args": args, "ranks": 1, "check_files": True, "node_rank": 0})
+
+    answer = check("--dataloader.train_on=last")
+    assert answer["problems"] == [] and f"dataset: 2 records, 10 turns in {path}" in answer["lines"]
+    with path.open("a") as f:
+        f.write(json.dumps({"messages": turns[:2]}) + "\n")
+    assert check()["problems"] == [f"DATASET: {path}:3: no assistant turn: nothing to train on"]
+    assert check("--dataloader.train_on=first")["problems"] == [
+        "torchtitan arguments: invalid choice 'first' for argument '--dataloader.train-on'. Expected one of "
+        "('assistant', 'last', 'all')."]
+
+
 def test_the_tyro_box_becomes_one_line():
     text = ("\n Unrecognized options\n " + "-" * 40 + "\n  Unrecognized options: --training.stepz, 3\n  " + "-" * 40
             + "\n  Perhaps you meant:\n      --training.steps INT\n          How many (default: 10)\n"

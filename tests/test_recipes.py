@@ -10,10 +10,11 @@ import pytest
 
 from conftest import REPO, RECIPES
 
+from entrypoint import contract, plan
 from entrypoint.variants import RECIPE_MODULE, VARIANTS
 from torchtitan.config import ConfigManager
 
-from neuron_qwen3 import config_registry, shapes
+from neuron_qwen3 import config_registry, shapes, trainer
 
 ALL_CONFIGS = [(v.name, scale, name) for v in VARIANTS.values() for scale, name in v.configs.items()]
 
@@ -42,6 +43,15 @@ def test_v5_uses_the_hub_model_and_transformers_backend():
     config = config_registry.v5_qwen3_4b()
     assert config.hf_model == "Qwen/Qwen3-4B-Instruct-2507" == VARIANTS["v5"].hf_repo
     assert config.model_spec.name == "transformers_modeling_backend"
+
+
+def test_every_v5_config_masks_attention_per_document():
+    """Packed documents restart their positions; with the backend's default causal mask a document would attend to
+    the ones before it, and v5 would train another function than native (tests/test_data_packed_loss.py)."""
+    names = [name for name in dir(config_registry) if name.startswith("v5_qwen3_")]
+    assert len(names) > 3
+    for name in names:
+        assert getattr(config_registry, name)().model_spec.model.attn_mask_type == "block_causal", name
 
 
 def test_native_is_torchtitans_qwen3_4b():
@@ -101,3 +111,45 @@ def test_bundled_tokenizer_fits_the_smoke_vocabulary():
 def test_assets_are_small():
     size = sum(p.stat().st_size for p in (RECIPES / "neuron_qwen3" / "assets").rglob("*") if p.is_file())
     assert size < 4 * 2**20
+
+
+MODEL_RUNS = [(variant, model) for model, flavor in shapes.MODELS.items() for variant in VARIANTS
+              if (variant == "nki_moe") == (shapes.FLAVORS[flavor].family == "moe")]
+
+
+@pytest.mark.parametrize("variant, model", MODEL_RUNS, ids=[f"{v}-{m}" for v, m in MODEL_RUNS])
+def test_every_model_the_launcher_runs_names_its_variant_and_scale(variant, model):
+    """summary.json's variant, scale and config for a `MODEL=` run: the config the plan picks says them."""
+    settings = contract.parse({"VARIANT": variant, "SCALE": "full", "MODEL": model})
+    name = plan.config_for(settings, plan.model_for(settings), "cpu")
+    report = getattr(config_registry, name)().report
+    assert (report.variant, report.scale, report.config) == (variant, "full", name)
+
+
+def parsed(name, *flags):
+    return ConfigManager().parse_args(["--module", RECIPE_MODULE, "--config", name, *flags])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_full_scale_on_cpu_computes_in_float32_and_says_so(variant):
+    """torchtitan's bf16 FSDP compute (and the nki_moe experts' own bf16 cast) is emulated on a CPU: the trainer's
+    device set-up makes a full-scale config float32 there, for the launcher and stock torchtitan.train alike."""
+    config = parsed(VARIANTS[variant].configs["full"])
+    line = trainer.cpu_float32(config, "cpu")
+    assert line.startswith("precision: float32") and config.training.mixed_precision_param == "float32"
+    experts = [entry for entry in config.override.imports if entry != trainer.NKI_EXPERTS]
+    assert experts == ([(trainer.NKI_EXPERTS, {"compute_dtype": "float32"})] if variant == "nki_moe" else [])
+    assert ("nki_moe experts" in line) == (variant == "nki_moe")
+
+
+@pytest.mark.parametrize("name, kind, flags", [
+    ("nki_moe_qwen3_30b_a3b", "cuda", ()), ("nki_moe_qwen3_30b_a3b", "neuron", ()),
+    ("nki_moe_qwen3_smoke", "cpu", ()), ("nki_moe_qwen3_bench", "cpu", ()),
+    ("nki_moe_qwen3_30b_a3b", "cpu", ("--no-cpu_float32",)),
+    ("nki_moe_qwen3_30b_a3b", "cpu", ("--report.scale", "")),  # a config of the user's own: no scale
+], ids=["cuda", "neuron", "cpu-smoke", "cpu-bench-for-accelerators", "cpu-opted-out", "cpu-own-config"])
+def test_the_precision_is_the_configs_own_elsewhere(name, kind, flags):
+    config = parsed(name, *flags)
+    before = (config.training.mixed_precision_param, list(config.override.imports))
+    assert trainer.cpu_float32(config, kind) is None
+    assert (config.training.mixed_precision_param, config.override.imports) == before

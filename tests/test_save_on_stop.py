@@ -210,3 +210,48 @@ def test_the_article_command_typed_by_hand_saves_on_sigterm_too(tmp):
     assert k % INTERVAL and left.latest == k and not left.broken, (k, left)
     summary = json.loads(open(f"{folder}/out/report/summary.json").read())
     assert summary["end"] == "stopped" and summary["config"] == "native_qwen3_smoke" and summary["processes"] == 2
+
+
+def three_windows(tmp) -> str:
+    """Texts of the smoke corpus that pack into exactly 3 windows of the smoke config: with local batch 2, EPOCHS=3
+    is 9 windows = 5 steps, and the stop at step 2 lands in the middle of epoch 2 (windows 3-5)."""
+    from neuron_qwen3 import config_registry
+    from neuron_qwen3.data.packing import windows
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(config_registry.SMOKE_TOKENIZER))
+    texts = [json.loads(line)["text"] for line in (config_registry.SMOKE_CORPUS / "train.jsonl").open()][:20]
+    for k in range(1, len(texts)):
+        lengths = [[len(tokenizer.encode(t, add_bos=True, add_eos=True)) - 1] for t in texts[:k]]
+        if windows(lengths, 256, whole=False) == 3:
+            with open(f"{tmp}/three.jsonl", "w") as f:
+                f.writelines(json.dumps({"text": t}) + "\n" for t in texts[:k])
+            return f"{tmp}/three.jsonl"
+    raise AssertionError("no prefix of the corpus packs into 3 windows")
+
+
+@functools.cache
+def epoch_runs(tmp):
+    data = three_windows(tmp)
+
+    def env(name):
+        found = {**env_for(tmp, f"epochs-{name}", "native", 1), "EPOCHS": "3", "DATASET": data}
+        del found["STEPS"]
+        return found
+
+    return launch(env("baseline")), launch(env("stopped"), stop_after=SIGNAL_AFTER), launch(env("stopped"))
+
+
+def test_a_stop_in_the_middle_of_epoch_2_resumes_there_with_the_same_losses(tmp):
+    (base_status, base_out, _), (status, stopped_out, _), (resumed_status, resumed_out, _) = epoch_runs(tmp)
+    assert base_status == 0, explain(base_out)
+    assert "data: 3 epochs = 5 steps of 2 sequences" in ANSI.sub("", base_out)
+    assert sorted(losses(base_out)) == [1, 2, 3, 4, 5]  # the run ends after 3 epochs
+    assert status == 143 and int(STOPPED_AT.search(stopped_out)[1]) == 2, explain(stopped_out)
+    assert "data: epoch 0 read" in stopped_out and "data: epoch 1 read" not in stopped_out  # it stopped in epoch 2
+    assert resumed_status == 0, explain(resumed_out)
+    assert "Training starts at step 3" in ANSI.sub("", resumed_out)
+    assert "data: epoch 0 read" not in resumed_out and "data: epoch 1 read" in resumed_out  # and resumed in it
+    assert "data: epoch 2 read" in resumed_out
+    baseline = losses(base_out)
+    assert {**losses(stopped_out), **losses(resumed_out)} == baseline  # step for step, as printed

@@ -57,12 +57,16 @@ def _as(config, cls):
 
 
 def described(variant: str, scale: str):
-    """Mark a config function with what it trains, for the run report (summary.json names them)."""
+    """Mark a config function with what it trains, for the run report (summary.json names them), and with the
+    learning rate and warm-up it sets, which fine-tuning defaults may replace (tuning.py)."""
     def mark(build):
         @functools.wraps(build)
         def config():
             built = build()
             built.report = dataclasses.replace(built.report, variant=variant, scale=scale, config=build.__name__)
+            built.tune = dataclasses.replace(  # what the config set: to tell a flag from it (tuning.py)
+                built.tune, config_lrs=tuple(group.optimizer_kwargs["lr"] for group in built.optimizer.param_groups),
+                config_warmup=built.lr_scheduler.warmup_steps)
             return built
         return config
     return mark
@@ -98,6 +102,7 @@ def _family(model: str, family: str) -> str:
 
 
 def _v5(model: str):
+    from torchtitan.experiments.transformers_modeling_backend import model_registry as transformers_model_registry
     from torchtitan.experiments.transformers_modeling_backend.config_registry import (
         transformers_modeling_backend_full,
     )
@@ -106,6 +111,10 @@ def _v5(model: str):
 
     _family(model, "dense")
     config = _as(transformers_modeling_backend_full(), Qwen3TransformersTrainer.Config)
+    # The "full" flavor's mask is plain causal: a packed document attends to the ones before it while its
+    # positions restart. "sft_full" is the same model with attn_mask_type="block_causal", a mask per document
+    # as the native models have, so v5 and native train the same function (issue 19).
+    config.model_spec = transformers_model_registry("sft_full")
     config.hf_model = model  # the article's field: the Hub definition supplies the architecture
     return _article_training(config, model)
 

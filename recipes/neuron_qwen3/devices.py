@@ -70,3 +70,8 @@ def environment(**changes) -> dict:
 def processes_per_node(world_size: int) -> int:
     """torchrun's LOCAL_WORLD_SIZE (this worker's node), for the report's node count; `world_size` without one."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+
+
+def torchrun_error_file() -> str | None:
+    """torchrun's TORCHELASTIC_ERROR_FILE: where a worker records its failure for torchrun's failure table."""
+    return os.environ.get("TORCHELASTIC_ERROR_FILE")

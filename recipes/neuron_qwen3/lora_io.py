@@ -14,6 +14,7 @@ the down_proj one), and the tokenizer. EXPORT_MERGED=1: the merged model at EXPO
 writes any export, W + s B A computed as PEFT's merge computes it, with the adapter in EXPORT_DIR/adapter.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -22,14 +23,13 @@ import shutil
 from dataclasses import replace
 
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torchtitan.components.checkpoint import MODEL, ModelWrapper
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.tools.logging import logger
 
-from neuron_qwen3 import lora, weights
+from neuron_qwen3 import lora, sharded, weights
 from neuron_qwen3.lora import LoRAError, LoRASettings, Site
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -319,31 +319,58 @@ def _write_adapter(folder: str, tensors: dict, config: dict, tokenizer: list) ->
         shutil.copyfile(path, os.path.join(folder, os.path.basename(path)))
 
 
+def _whole(value) -> torch.Tensor:
+    return (value.full_tensor() if isinstance(value, DTensor) else value).detach()
+
+
+def gather_adapters(trainer) -> dict:
+    """The adapters' tensors whole, on the CPU (every rank takes part; they are small)."""
+    return {key: _whole(value).to("cpu") for piece in sharded.state_dict_pieces(trainer.model_parts,
+                                                                                   keep=lora.is_adapter_key)
+            for key, value in piece().items()}
+
+
+def merged_pieces(trainer, all_sites: list[Site], scale: float) -> list:
+    """sharded.state_dict_pieces with each adapter's update added to its base weight(s), the adapters left out:
+    a layer at a time, its adapted weights whole (every rank gathers them, in one order), the others as they are."""
+    by_key = {site.key: site for site in all_sites}
+
+    def merged(piece):
+        states = piece()
+        here = sorted({key.rsplit(".", 1)[0] for key in states if lora.is_adapter_key(key)})
+        needed = sorted({key for site in here for key in (*by_key[site].base, f"{site}.lora_A", f"{site}.lora_B")})
+        updated = merge([by_key[site] for site in here], {key: _whole(states[key]) for key in needed}, scale)
+        return {key: updated.get(key, value) for key, value in states.items() if not lora.is_adapter_key(key)}
+
+    return [functools.partial(merged, piece) for piece in sharded.state_dict_pieces(trainer.model_parts)]
+
+
 def export(trainer, settings: LoRASettings) -> str | None:
-    """`--export.dir`, if set: the PEFT adapter folder, or (settings.merged) the merged model with the adapter in
-    `<dir>/adapter`; written by rank 0 after every rank has taken part in the gathers."""
-    target = trainer.config.export.dir
-    if not target:
+    """`--export.dir`, if set: the PEFT adapter folder, or (settings.merged) the merged model, streamed as
+    weights.export streams any model, with the adapter in `<dir>/adapter`. Every rank must call it; the folder is
+    staged and renamed into place (sharded.staged: on a failure on any rank, every rank raises ExportError)."""
+    section = trainer.config.export
+    if not section.dir:
         return None
-    target = os.path.abspath(target)
-    all_sites = sites(trainer)
-    states = weights.full_state_dict(trainer, keep=lambda key: settings.merged or lora.is_adapter_key(key))
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        dtype = TORCH_DTYPE_MAP[trainer.config.export.dtype]
-        base = trainer.checkpointer.states[BASE_STATE].folder
-        peft = {key: value.to(dtype) for key, value in to_peft(all_sites, states).items()}
-        config = adapter_config(all_sites, settings, base)
-        tokenizer = [path for path in weights.companions(base, trainer.config.hf_assets_path)
-                     if os.path.basename(path) in weights.TOKENIZER_FILES]
-        with weights.staged(target) as staging:
+    target, dtype = os.path.abspath(section.dir), TORCH_DTYPE_MAP[section.dtype]
+    all_sites, base = sites(trainer), trainer.checkpointer.states[BASE_STATE].folder
+    peft = {key: value.to(dtype).contiguous() for key, value in to_peft(all_sites, gather_adapters(trainer)).items()}
+    tokenizer = [path for path in weights.companions(base, trainer.config.hf_assets_path)
+                 if os.path.basename(path) in weights.TOKENIZER_FILES]
+    ranks = sharded.Ranks()
+    try:
+        with sharded.staged(ranks, target) as staging:
             folder = staging
             if settings.merged:
-                weights.fill_folder(staging, *weights.folder_contents(trainer, merge(all_sites, states,
-                                                                                     settings.scale)))
+                sharded.write_model(ranks, staging, weights._adapter(trainer),
+                                    merged_pieces(trainer, all_sites, settings.scale), dtype,
+                                    section.max_shard_mb * 10**6)
+                ranks.on_rank_0(weights.fill_folder, staging, weights.model_config_json(trainer, base, dtype),
+                                weights.companions(base, trainer.config.hf_assets_path))
                 folder = os.path.join(staging, MERGED_ADAPTER)
-            _write_adapter(folder, peft, config, tokenizer)
-        logger.info(f"Exported the LoRA adapter ({len(all_sites)} adapters, {dtype})"
-                    f"{' and the merged model' if settings.merged else ''} to {target}")
-    if dist.is_initialized():
-        dist.barrier()
+            ranks.on_rank_0(_write_adapter, folder, peft, adapter_config(all_sites, settings, base), tokenizer)
+    finally:
+        ranks.close()
+    logger.info(f"Exported the LoRA adapter ({len(all_sites)} adapters, {dtype})"
+                f"{' and the merged model' if settings.merged else ''} to {target}")
     return target

@@ -35,17 +35,20 @@ def smoothed(values: list, weight: float = 0.6) -> list:
     return out
 
 
-def plot_loss(records: list, path: Path, label: str | None = None) -> None:
-    plot_losses({label or "loss": records}, path)
+def plot_loss(records: list, path: Path, label: str | None = None, validation: list = ()) -> None:
+    plot_losses({label or "loss": records}, path, validation)
 
 
-def plot_losses(runs: dict, path: Path) -> None:
-    """One loss curve per run (raw, faint) with its smoothing (solid)."""
-    plt, fig, ax = _figure("training loss", "loss")
+def plot_losses(runs: dict, path: Path, validation: list = ()) -> None:
+    """One loss curve per run (raw, faint) with its smoothing (solid); the validation loss beside them."""
+    plt, fig, ax = _figure("training and validation loss" if validation else "training loss", "loss")
     for label, records in runs.items():
         steps, losses = [r["step"] for r in records], [r["loss"] for r in records]
         (line,) = ax.plot(steps, smoothed(losses), label=f"{label} (smoothed)")
         ax.plot(steps, losses, color=line.get_color(), alpha=0.3, marker=".", label=f"{label} (raw)")
+    if validation:
+        ax.plot([v["step"] for v in validation], [v["validation_loss"] for v in validation], color="black",
+                marker="o", label="validation (whole set)")
     ax.legend()
     fig.savefig(path)
     plt.close(fig)

@@ -12,13 +12,19 @@ checked, with the library that reads it:
 |---|---|---|
 | versions | torch, torch-neuronx, transformers or torchtitan off image-build.lock, else the locks (read first) | a lock is missing |
 | flags | a flag the config does not have, a bad value (tyro's parse, as the workers parse them) | |
+| batch | BATCH_SIZE not a multiple of local batch x data-parallel ranks, degrees that do not fit the ranks | |
 | config | MODEL of another family than the variant, or no released Qwen3 | |
 | memory | | the sharded weights, gradients and Adam state take over 60 % of a rank's device memory |
 | init_from | no model folder, no weights, another architecture or shape than the run trains | a complete checkpoint wins (not with LoRA) |
 | lora | no INIT_FROM, a target the model lacks, TP/EP/PP, an adapter INIT_FROM's base or settings, another base | |
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
-| dataset | a local source whose records cannot be trained on (data.scan) | |
+| dataset | a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation (data.scan, every record) | |
+| validation | no VALIDATION file, a bad record in it, a fraction of a streamed DATASET | |
+| epochs | STEPS (`--training.steps`) beside EPOCHS, a streamed DATASET; else the line "N epochs = S steps of B sequences" (data.epochs, also for --dry-run) | |
 | checkpoints | a read error other than "not found" | a broken step-N (moved aside on node 0), an unfinished one |
+
+Before the config is printed it is changed as the workers will change it on their device (trainer.cpu_float32:
+full scale on CPU computes in float32), and a line in "lines" says so.
 """
 
 import contextlib
@@ -31,7 +37,7 @@ import re
 import shutil
 import sys
 
-from neuron_qwen3 import shapes
+from neuron_qwen3 import shapes, tuning
 
 CHECKED = ("torch", "torch-neuronx", "transformers", "torchtitan")
 IMAGE_BUILD = "image-build.lock"  # written by the image build (ci/image/record-build.py); only in the image
@@ -117,8 +123,8 @@ def tyro_line(text: str) -> str:
     return message + (f" (nearest: {', '.join(suggested[:3])})" if suggested else "")
 
 
-def parse_config(args: list, request: dict):
-    """The config the workers will run, or (None, the problem as one line)."""
+def _parse(args: list):
+    """(config, None), or (None, tyro's error box)."""
     from torchtitan.config import ConfigManager
 
     noise = io.StringIO()
@@ -126,9 +132,23 @@ def parse_config(args: list, request: dict):
         with contextlib.redirect_stderr(noise), contextlib.redirect_stdout(noise):
             return ConfigManager().parse_args(list(args)), None
     except SystemExit:  # tyro's exit after printing its box
-        return None, f"torchtitan arguments: {tyro_line(noise.getvalue())}"
+        return None, noise.getvalue()
+
+
+def parse_config(args: list, request: dict):
+    """The config the workers will run, or (None, the problem as one line)."""
+    try:
+        config, box = _parse(args)
     except ValueError as error:  # ConfigManager: an unknown config function
         return None, missing_config(str(error), request)
+    if config is not None:
+        return config, None
+    line = tyro_line(box)
+    split = [word for arg in args for word in (arg.split("=", 1) if arg.startswith("--") else [arg])]
+    if "(nearest:" not in line and split != list(args):  # tyro matches `--flag=value` whole: ask again, split
+        nearest = re.search(r" \(nearest: .*\)$", tyro_line(_parse(split)[1] or ""))
+        line += nearest[0] if nearest else ""
+    return None, f"torchtitan arguments: {line}"
 
 
 def missing_config(error: str, request: dict) -> str:
@@ -220,6 +240,40 @@ def export(config, parameters: int | None) -> list:
     return []
 
 
+def validation(config, check_files: bool) -> list:
+    """VALIDATION: a fraction of a local DATASET, or a local file or folder whose every record trains."""
+    from neuron_qwen3 import data
+
+    held, source = getattr(config.dataloader, "validation", ""), getattr(config.dataloader, "source", "")
+    if not held:
+        return []
+    if data.records.fraction(held) is not None:
+        return [] if os.path.exists(source) else [f"VALIDATION={held} holds records out of DATASET, which is not "
+                                                  f"local ({source}): give a local DATASET, or a VALIDATION file"]
+    if not os.path.exists(held):
+        return [f"VALIDATION={held!r}: no such file or folder (nor a fraction like 0.05)"]
+    found = data.scan(held, config.dataloader.field) if check_files else None
+    return [f"VALIDATION: {found.problem}"] if found and found.problem else []
+
+
+def epochs(config, request: dict) -> tuple:
+    """(problem, None) or (None, the line "epochs: N epochs = S steps of B sequences"): the steps as every worker
+    derives them (data.epochs.plan, on the data-parallel degree of `request["ranks"]`)."""
+    from torchtitan.distributed import ParallelDims
+
+    from neuron_qwen3 import data
+
+    if any(arg == "--training.steps" or arg.startswith("--training.steps=") for arg in request["args"]):
+        return "STEPS and EPOCHS are both set: EPOCHS derives the steps from the data; give one of them", None
+    if not os.path.exists(config.dataloader.source):
+        return f"EPOCHS needs a local DATASET; {config.dataloader.source} is streamed: give STEPS instead", None
+    dims = ParallelDims.from_config(config.parallelism, request["ranks"])
+    try:
+        return None, f"epochs: {data.epochs.plan(config, dims.dp_replicate * dims.dp_shard).line}"
+    except data.DataError as error:
+        return f"EPOCHS: {error}", None
+
+
 def run(request: dict) -> dict:
     answer = {"problems": [], "warnings": [], "lines": [], "config": None, "model": None}
     if request.get("locks"):  # first, before torch and torchtitan are imported
@@ -239,6 +293,19 @@ def run(request: dict) -> dict:
         answer["problems"] += lora.problems(config, tuned)
         if answer["problems"]:
             return answer
+    from neuron_qwen3 import trainer
+
+    precision = trainer.cpu_float32(config, config.device)  # as the workers will (the launcher passes --device)
+    answer["lines"] += [precision] if precision else []
+    try:
+        answer["lines"] += tuning.apply(config)  # as the trainer will: --dry-run shows the lr and warm-up that train
+        problem = tuning.batch_problem(config, request["ranks"])
+    except ValueError as error:
+        problem = str(error)
+    if problem:
+        answer["problems"].append(problem)
+        return answer
+    config.training.global_batch_size = tuning.batch(config, request["ranks"])[0]  # -1 as torchtitan resolves it
     if request.get("print_config"):
         answer["config"] = config.to_dict()
     shape = trained_shape(config)
@@ -249,7 +316,11 @@ def run(request: dict) -> dict:
             answer["model"]["lora"] = lora.dry_run(config, tuned, request["ranks"]).line()
         if not fits and not tuned:  # LoRA holds gradients and Adam state for its adapters only
             answer["warnings"].append(f"{config.report.model or 'the model'}: {why}")
-    if not request.get("check_files"):
+    answer["problems"] += validation(config, request.get("check_files"))
+    if getattr(config.dataloader, "epochs", 0):
+        problem, line = epochs(config, request)
+        answer["problems" if problem else "lines"].append(problem or line)
+    if not request.get("check_files") or answer["problems"]:
         return answer
     from neuron_qwen3 import checkpoints, data
 
@@ -273,9 +344,13 @@ def run(request: dict) -> dict:
     answer["problems"] += problems + export(config, exported)
     answer["warnings"] += warnings
     source = getattr(config.dataloader, "source", None)
-    problem = data.scan(source, config.dataloader.field) if source else None
-    if problem:
-        answer["problems"].append(f"DATASET: {problem}")
+    if source and os.path.exists(source):  # local: every record read as the workers read it (formats, not tokens)
+        found = data.scan(source, config.dataloader.field)
+        if found.problem:
+            answer["problems"].append(f"DATASET: {found.problem}")
+        else:
+            answer["lines"].append(f"dataset: {found.counts['records']} records" + (
+                f", {found.counts['turns']} turns" if found.counts["turns"] else "") + f" in {source}")
     return answer
 
 

@@ -1,5 +1,8 @@
 """Every run's report in $OUTPUT_DIR/report/: metrics.jsonl, summary.json, loss.png, throughput.png.
 
+metrics.jsonl holds one line per logged training step and, with VALIDATION, one `validation_loss` line per
+validation (the validator's mean over the whole validation set); loss.png draws both.
+
 Written by the metrics rank (rank 0 without pipeline parallelism) through torchtitan's own metrics machinery:
 `ReportLogger` is one more logger backend in the MetricsProcessor's LoggerContainer, next to TensorBoard, so
 each record holds exactly what torchtitan logged at that step. `attach` also replaces torchtitan's per-model
@@ -88,17 +91,25 @@ class ReportLogger(BaseLogger):
         self.last_step = None  # a resumed run's first logged step follows the checkpoint's, not step 0
         self.records = []
         self.progress_every, self.clock, self.progress_at = progress_every, clock, None
+        self.validations = []  # metrics.jsonl's validation lines: step, time, validation_loss
+
+    def _write(self, record: dict, kept: list) -> None:
+        kept.append(record)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
 
     def log(self, metrics, step):
-        if "loss_metrics/global_avg_loss" not in metrics:  # validation: not a training step
+        if "validation_metrics/loss" in metrics:  # the validator's: the mean loss over the validation set
+            self._write({"step": step, "time": time.time(), "validation_loss": metrics["validation_metrics/loss"]},
+                        self.validations)
+            return
+        if "loss_metrics/global_avg_loss" not in metrics:
             return
         since = step - self.last_step if self.last_step is not None else (1 if step == 1 else self.log_freq)
         record = record_of(metrics, step, max(1, since), self.world_size, self.log_freq)
         record["steps_total"] = self.steps
         self.last_step = step
-        self.records.append(record)
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        self._write(record, self.records)
         now = self.clock()
         if self.progress_at is None or now - self.progress_at >= self.progress_every:
             logger.info(progress_line(record))
@@ -167,7 +178,7 @@ class RunReport:
         summary = self.summary(records, end, detail)
         (self.folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if records:
-            plot_loss(records, self.folder / "loss.png")
+            plot_loss(records, self.folder / "loss.png", validation=self.backend.validations)
             plot_throughput(records, WARMUP_STEPS, self.folder / "throughput.png")
 
     def summary(self, records: list, end: str, detail: str | None) -> dict:
@@ -209,9 +220,20 @@ class RunReport:
             "launch_to_first_step_s": first_step_end - self.launched if first_step_end else None,
             "first_loss": records[0]["loss"] if records else None,
             "last_loss": records[-1]["loss"] if records else None,
+            "validation": validation_summary(self.backend.validations),
             "wall_s": now - self.launched,
             "versions": versions(),
         }
+
+
+def validation_summary(validations: list) -> dict | None:
+    """First, best (and its step) and last validation loss; None without validation."""
+    if not validations:
+        return None
+    best = min(validations, key=lambda v: v["validation_loss"])
+    return {"first_loss": validations[0]["validation_loss"], "best_loss": best["validation_loss"],
+            "best_step": best["step"], "last_loss": validations[-1]["validation_loss"],
+            "steps": [v["step"] for v in validations]}
 
 
 def _stop_on_sigterm(signum, _frame):

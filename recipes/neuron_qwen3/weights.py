@@ -10,32 +10,26 @@ Qwen3 adapter, dense and MoE, or the transformers backend's prefix adapter). Thi
 - `hf_compatible`: a run that loads or exports HF weights trains the function transformers computes; the MoE's
   auxiliary-loss-free routing bias (`load_balance_coeff`) has no Hugging Face counterpart, so it is switched off.
 - `export`: torchtitan's last HF save fires only when `step == training.steps` (a run whose data ends early never
-  exports), writes no config.json or tokenizer, and names its folder `step-N` inside `checkpoint.folder`, where a
-  later run mistakes it for a resumable checkpoint. The export here runs after the training loop however it ended,
-  gathers the full weights on rank 0 and writes a complete model folder at `--export.dir`, atomically.
+  exports), writes no config.json or tokenizer, names its folder `step-N` inside `checkpoint.folder`, where a
+  later run mistakes it for a resumable checkpoint, and gathers the whole model on rank 0 first. The export here
+  runs after the training loop however it ended and streams (sharded.py: every rank writes its own rows in place,
+  in the Hub's sharded layout) into a complete model folder at `--export.dir`, renamed into place.
 """
 
-import contextlib
 import json
 import os
 import shutil
 
 import torch
-import torch.distributed as dist
-from torch.distributed.tensor import DTensor
-from torchtitan.components.checkpoint import ModelWrapper
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.tools.logging import logger
 
+from neuron_qwen3 import sharded
 from neuron_qwen3.lora import is_adapter_key
+from neuron_qwen3.sharded import CoverageError, ExportError  # noqa: F401 (raised from here too)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "chat_template.jinja", "added_tokens.json", "tokenizer.model")
-MAX_SHARD = "5GB"  # the Hub's usual shard size; smaller models are one model.safetensors
-
-
-class CoverageError(RuntimeError):
-    """The adapter cannot map some of the model's weights to Hugging Face keys."""
 
 
 def _adapter(trainer):
@@ -61,9 +55,8 @@ def check_coverage(trainer) -> None:
     """Raise unless every model weight has a Hugging Face key and comes back from it (on meta: no memory)."""
     if not uses_hf_weights(trainer.config):
         return
-    names = {name: torch.empty(value.shape, dtype=value.dtype, device="meta")
-             for name, value in ModelWrapper(trainer.model_parts).state_dict().items()
-             if not is_adapter_key(name)}  # LoRA adapters: a PEFT file of their own (lora_io.py)
+    names = sharded.meta_shapes(sharded.state_dict_pieces(  # a layer at a time; LoRA's adapters: lora_io.py
+        trainer.model_parts, keep=lambda key: not is_adapter_key(key)))
     adapter = _adapter(trainer)
     back = adapter.from_hf(adapter.to_hf(dict(names)))
     lost = sorted(set(names) - set(back))
@@ -94,7 +87,8 @@ def native_hf_config(model_config, base: dict) -> dict:
     else:
         router = moe.router
         assert router.score_func == "softmax" and router.route_scale == 1.0, "not a Qwen3-MoE router"
-        shape.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=moe.num_experts,
+        experts = "num_local_experts" if "num_local_experts" in base else "num_experts"  # transformers 5's name
+        shape.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], **{experts: moe.num_experts},
                      num_experts_per_tok=router.top_k, norm_topk_prob=router.route_norm,
                      moe_intermediate_size=moe.routed_experts.inner_experts.hidden_dim,
                      decoder_sparse_step=1, mlp_only_layers=[])
@@ -106,7 +100,14 @@ def native_hf_config(model_config, base: dict) -> dict:
 def hf_config(trainer, base: dict) -> dict:
     model = trainer.model_parts[0]
     if hasattr(model, "model") and hasattr(model.model, "config"):  # the transformers backend: its own config
-        return {**base, **model.model.config.to_dict()}
+        from transformers import PretrainedConfig
+
+        # torchtitan's config there is also a dataclass whose to_dict() holds none of the shape: transformers' own
+        # to_dict, kept to the fields of the model's config class (no torchtitan bookkeeping)
+        fields = set(model.model.config_class().to_dict())
+        own = {k: v for k, v in PretrainedConfig.to_dict(model.model.config).items() if k in fields}
+        return {**base, **own, "model_type": model.model.config_class.model_type,
+                "architectures": [type(model.model).__name__]}
     return native_hf_config(trainer.model_config, base)
 
 
@@ -118,22 +119,13 @@ def _read_json(path) -> dict:
         return {}
 
 
-# ---- the export --------------------------------------------------------------------------------------------
 
-
-def full_state_dict(trainer, keep=lambda key: True) -> dict:
-    """The model's state dict as the checkpointer sees it (torchtitan's ModelWrapper: fused QKV already split into
-    wq/wk/wv), each sharded tensor gathered in turn: every rank takes part, rank 0 keeps them on CPU. `keep`: which
-    keys to gather (every rank must pass the same)."""
-    rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    states = {}
-    for key, value in ModelWrapper(trainer.model_parts).state_dict().items():
-        if not keep(key):
-            continue
-        full = value.full_tensor() if isinstance(value, DTensor) else value
-        if rank0:
-            states[key] = full.detach().to("cpu")
-    return states
+def model_config_json(trainer, source: str | None, dtype) -> dict:
+    """config.json of the trained model over the source's (`source`: the INIT_FROM folder, or None), its dtype
+    under the name the source uses (transformers 4 `torch_dtype`, 5 `dtype`; both without a source)."""
+    base = _read_json(os.path.join(source, "config.json")) if source else {}
+    keys = [key for key in ("torch_dtype", "dtype") if key in base] or ["torch_dtype", "dtype"]
+    return {**hf_config(trainer, base), **dict.fromkeys(keys, str(dtype).removeprefix("torch."))}
 
 
 def companions(source: str | None, assets: str | None) -> list:
@@ -148,66 +140,34 @@ def companions(source: str | None, assets: str | None) -> list:
     return found + [os.path.join(tokenizer, name) for name in TOKENIZER_FILES if has(tokenizer, name)]
 
 
-def own_storage(tensor):
-    """`tensor`, copied when it views a larger storage: the MoE adapter's to_hf hands out each expert as a slice of
-    the stacked w1/w2/w3, and safetensors refuses tensors that share storage (a float32 export does not copy)."""
-    tensor = tensor.contiguous()
-    return tensor.clone() if tensor.untyped_storage().nbytes() != tensor.nbytes else tensor
-
-
-@contextlib.contextmanager
-def staged(target: str):
-    """A folder beside `target` under a temporary name, renamed into place once the block has filled it."""
-    parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    staging = os.path.join(parent, f".{os.path.basename(target)}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
-    yield staging
-    if os.path.exists(target):  # a rerun replaces its earlier export; the old one is gone only once this is whole
-        old = os.path.join(parent, f".{os.path.basename(target)}.old-{os.getpid()}")
-        os.rename(target, old)
-        os.rename(staging, target)
-        shutil.rmtree(old)
-    else:
-        os.rename(staging, target)
-
-
-def fill_folder(folder: str, tensors: dict, config: dict, files: list) -> None:
-    from huggingface_hub import save_torch_state_dict
-
-    save_torch_state_dict(tensors, folder, max_shard_size=MAX_SHARD)
+def fill_folder(folder: str, config: dict, files: list) -> None:
+    """What a model folder holds besides its weights: `config` as config.json, and copies of `files`."""
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
     for path in files:
         shutil.copyfile(path, os.path.join(folder, os.path.basename(path)))
 
 
-def folder_contents(trainer, states: dict) -> tuple[dict, dict, list]:
-    """(Hugging Face tensors in the export dtype, config.json, companion files) of a gathered state dict."""
-    dtype = TORCH_DTYPE_MAP[trainer.config.export.dtype]
-    tensors = {key: own_storage(value.to(dtype) if value.is_floating_point() else value)
-               for key, value in _adapter(trainer).to_hf(states).items()}
-    source = trainer.config.checkpoint.initial_load_path or None
-    base = _read_json(os.path.join(source, "config.json")) if source else {}
-    config = {**hf_config(trainer, base), "torch_dtype": str(dtype).removeprefix("torch."),
-              "dtype": str(dtype).removeprefix("torch.")}
-    return tensors, config, companions(source, trainer.config.hf_assets_path)
-
-
 def export(trainer) -> str | None:
-    """`--export.dir`, if set: the trained model as a Hugging Face folder, written by rank 0; every rank returns
-    after it is complete. The adapter's coverage was checked before training (RunHooks.train)."""
-    target = trainer.config.export.dir
-    if not target:
+    """`--export.dir`, if set: the trained model as a Hugging Face folder (safetensors of at most
+    `--export.max_shard_mb` each and their index, config.json, generation config, tokenizer). Every rank must call
+    it; each returns once the folder is in place. On a failure the earlier export is left as it was and every rank
+    raises ExportError. The adapter's coverage was checked before training (RunHooks.train)."""
+    settings = trainer.config.export
+    if not settings.dir:
         return None
-    target = os.path.abspath(target)
-    states = full_state_dict(trainer)
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        tensors, config, files = folder_contents(trainer, states)
-        with staged(target) as staging:
-            fill_folder(staging, tensors, config, files)
-        logger.info(f"Exported the trained model ({len(tensors)} tensors, {config['dtype']}) to {target}")
-    if dist.is_initialized():
-        dist.barrier()
+    target, dtype = os.path.abspath(settings.dir), TORCH_DTYPE_MAP[settings.dtype]
+    source = trainer.config.checkpoint.initial_load_path or None
+    ranks = sharded.Ranks()
+    try:
+        with sharded.staged(ranks, target) as staging:
+            layout = sharded.write_model(ranks, staging, _adapter(trainer), sharded.state_dict_pieces(
+                trainer.model_parts), dtype, settings.max_shard_mb * 10**6)
+            if ranks.rank == 0:
+                fill_folder(staging, model_config_json(trainer, source, dtype),
+                            companions(source, trainer.config.hf_assets_path))
+    finally:
+        ranks.close()
+    logger.info(f"Exported the trained model ({sum(len(u.entries) for u in layout.units)} tensors, {dtype}, "
+                f"{len(layout.files)} files, {len(ranks.writers)} writing ranks) to {target}")
     return target

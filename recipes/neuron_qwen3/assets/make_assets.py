@@ -22,12 +22,76 @@ HF_CONFIGS = {"hf_qwen3_tiny": shapes.SMOKE, "hf_qwen3_bench_cpu": shapes.BENCH_
 VOCAB_SIZE = shapes.SMOKE.vocab_size
 NUM_DOCUMENTS = 3000
 EOS = "<|endoftext|>"
-# ChatML's layout with plain-text markers (the 2048-token vocabulary has no room for <|im_start|> as a special
-# token); torchtitan's HuggingFaceTokenizer and transformers both read chat_template.jinja beside the tokenizer.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+# Qwen3's chat layout (ChatML), written here from its documented behaviour: a system turn carrying the tools,
+# assistant tool calls as <tool_call> JSON, tool results as <tool_response> blocks inside a user turn, and
+# reasoning in <think> kept only for the assistant turns after the last user turn (an empty block on the final
+# one). The markers are plain text here (the 2048-token vocabulary has no room for them as special tokens);
+# torchtitan's HuggingFaceTokenizer and transformers both read chat_template.jinja beside the tokenizer.
+CHAT_TEMPLATE = """\
+{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\\n\\n' }}
+    {%- endif %}
+    {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\\n' + (tool | tojson) }}
+    {%- endfor %}
+    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- set ns = namespace(last_user=-1) %}
+{%- for message in messages %}
+    {%- if message.role == 'user' %}
+        {%- set ns.last_user = loop.index0 %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
+    {%- elif message.role == 'assistant' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].split('<think>')[-1] %}
+            {%- set content = content.split('</think>')[-1] %}
+        {%- else %}
+            {%- set reasoning = '' %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_user and (loop.last or reasoning.strip()) %}
+            {{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+        {%- else %}
+            {{- '<|im_start|>assistant\\n' + content.lstrip('\\n') }}
+        {%- endif %}
+        {%- for call in message.tool_calls or [] %}
+            {%- set call = call.function if call.function else call %}
+            {%- if content.strip() or not loop.first %}
+                {{- '\\n' }}
+            {%- endif %}
+            {{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
+            {{- call.arguments if call.arguments is string else call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}
+"""
 
 NOUNS = "cat dog river engineer kernel compiler tensor router expert cluster node chip teacher garden city model".split()
 ADJECTIVES = "quiet bright slow rapid patient careful large small warm cold sparse dense".split()

@@ -1,0 +1,18 @@
+"""DATASET: c4, a Hub dataset or local files, as text or as conversations, into torchtitan.
+
+records.py      which records: the source, resolved once; tables in a seeded order per epoch; `DataError`
+conversations.py a record as text or as OpenAI-style messages (OpenAI, ShareGPT, prompt/completion), checked
+tokens.py       how a record becomes tokens: the chat template's one rendering and the loss mask read from it
+packing.py      documents into seq_len windows, positions restarting per document; conversations cut to fit
+dataset.py      one rank's stateful stream of windows, and the counts of what it read; the validation shares
+loader.py       `DataLoader`, the torchtitan dataloader, and its Config (training or validation records)
+epochs.py       EPOCHS: the steps N passes take, counted from the packed data
+scan.py         `scan`: a whole local file checked before launch
+"""
+
+from neuron_qwen3.data import epochs
+from neuron_qwen3.data.loader import DataLoader, tokenizer_of
+from neuron_qwen3.data.records import DataError
+from neuron_qwen3.data.scan import Scan, scan
+
+__all__ = ["DataError", "DataLoader", "Scan", "epochs", "scan", "tokenizer_of"]

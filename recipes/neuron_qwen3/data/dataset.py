@@ -1,0 +1,132 @@
+"""One rank's stream of packed windows: records (which, in what order) -> documents (tokens, mask) -> windows.
+
+Stateful for torchtitan's checkpoints: the reader's position, the packer's buffer and the counts, so a resumed
+run yields the very windows the first one would have. `counts` is a clean account of what this rank has read.
+"""
+
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.tools.logging import logger
+
+from neuron_qwen3.data import conversations
+from neuron_qwen3.data.conversations import Problem
+from neuron_qwen3.data.packing import Packer, fit
+from neuron_qwen3.data.records import DataError
+from neuron_qwen3.data.tokens import Encoder
+
+COUNTS = ("records", "turns", "tokens_trained", "tokens_masked", "truncated", "split", "tokens_cut")
+LOGGED_CUTS = 3  # conversations cut that are named in the log; every one is counted
+
+
+def documents(record: dict, kind: str, field: str, encoder: Encoder, seq_len: int):
+    """(the record's document, the window-sized documents it becomes, how it was cut or None); Problem if bad."""
+    if kind == "text":
+        doc = encoder.text(conversations.text(record, field))
+        return doc, [doc], None
+    doc = encoder.chat(*conversations.conversation(record, field))
+    return doc, *fit(doc, seq_len)
+
+
+def blank(seq_len: int, pad_id: int):
+    """A window that counts for nothing (every label IGNORE_INDEX): what a rank yields once its data has ended, so
+    every rank takes part in every step (the loss divides by the tokens that count, summed over the ranks)."""
+    return ({"input": torch.full((seq_len,), pad_id), "positions": torch.arange(seq_len)},
+            torch.full((seq_len,), IGNORE_INDEX))
+
+
+def count(counts: dict, doc, docs: list, cut: str | None) -> None:
+    kept = sum(len(d.labels) for d in docs)
+    trained = sum(d.trained for d in docs)
+    counts["records"] += 1
+    counts["turns"] += doc.messages
+    counts["tokens_trained"] += trained
+    counts["tokens_masked"] += kept - trained
+    if cut:
+        counts[cut] += 1
+        counts["tokens_cut"] += len(doc.labels) - kept
+
+
+class PackedDataset(IterableDataset, Stateful):
+    def __init__(self, reader, kind: str, field: str, encoder: Encoder, seq_len: int, pad_id: int,
+                 infinite: bool, epochs: int = 0):
+        self.reader, self.kind, self.field, self.encoder = reader, kind, field, encoder
+        self.seq_len, self.pad_id, self.infinite, self.epochs = seq_len, pad_id, infinite, epochs
+        self.packer = Packer(seq_len, pad_id, whole=kind == "chat")
+        self.counts = dict.fromkeys(COUNTS, 0)
+
+    def __iter__(self):
+        while True:
+            if self.epochs and self.reader.epoch >= self.epochs:  # EPOCHS done: blanks to the derived last step
+                yield blank(self.seq_len, self.pad_id)
+                continue
+            window = self.packer.pop()
+            if window is not None:
+                yield window
+                continue
+            item = self.reader.next()
+            if item is not None:
+                for doc in self._documents(*item):
+                    self.packer.push(doc)
+                continue
+            window = self.packer.flush()  # the epoch ends with the rest of its data, padded
+            if window is not None:
+                yield window
+                continue
+            self._log_epoch()
+            if not self.infinite and not self.epochs:
+                return
+            self.reader.next_epoch()
+
+    def _documents(self, i: int, record: dict) -> list:
+        try:
+            doc, docs, cut = documents(record, self.kind, self.field, self.encoder, self.seq_len)
+        except Problem as problem:
+            raise DataError(f"{self.reader.origin(i)}: {problem}") from None
+        count(self.counts, doc, docs, cut)
+        if cut and self.counts["truncated"] + self.counts["split"] <= LOGGED_CUTS:
+            how = "truncated at a turn boundary" if cut == "truncated" else "split (no turn boundary fits)"
+            logger.warning(f"{self.reader.origin(i)}: {len(doc.ids)} tokens, longer than seq_len {self.seq_len}: "
+                           f"{how}; {self.counts['truncated']} truncated and {self.counts['split']} split so far "
+                           "(all are counted in each epoch's summary)")
+        return docs
+
+    def _log_epoch(self) -> None:
+        c = self.counts
+        logger.info(f"data: epoch {self.reader.epoch} read: {c['records']} records, {c['turns']} turns, "
+                    f"{c['tokens_trained']} tokens trained, {c['tokens_masked']} masked, {self.packer.padding} "
+                    f"padding; longer than seq_len {self.seq_len}: {c['truncated']} truncated at a turn boundary, "
+                    f"{c['split']} split ({c['tokens_cut']} tokens left out)")
+
+    def stats(self) -> dict:
+        return {"kind": self.kind, "epoch": self.reader.epoch, **self.counts, "tokens_padding": self.packer.padding}
+
+    def state_dict(self) -> dict:
+        return {"reader": self.reader.state_dict(), "packer": self.packer.state_dict(), "counts": dict(self.counts)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reader.load_state_dict(state["reader"])
+        self.packer.load_state_dict(state["packer"])
+        self.counts = dict(state["counts"])
+
+
+class Shares(IterableDataset):
+    """The validation set, whole, once, for torchtitan's Validator: every rank packs all of it alike (`packed`,
+    one pass) and keeps every `world`-th window from its `rank`, then adds blank windows up to the same number of
+    full batches on every rank, so the validator's per-batch all-reduce never waits on a rank that ran out, and
+    1 rank and N ranks evaluate the very same windows."""
+
+    def __init__(self, packed: PackedDataset, rank: int, world: int, batch: int):
+        self.packed, self.rank, self.world, self.batch = packed, rank, world, batch
+
+    def __iter__(self):
+        total = mine = 0
+        for window in self.packed:
+            if total % self.world == self.rank:
+                mine += 1
+                yield window
+            total += 1
+        share = -(-total // self.world)
+        for _ in range(-(-share // self.batch) * self.batch - mine):
+            yield blank(self.packed.seq_len, self.packed.pad_id)

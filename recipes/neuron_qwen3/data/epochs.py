@@ -1,0 +1,56 @@
+"""EPOCHS: how many steps N passes over a local dataset take, counted from the packed data before training.
+
+Each data-parallel rank reads its own share of every epoch's seeded order and packs it (packing.py), so ranks
+can end an epoch with different numbers of windows. The run takes as many steps of the global batch as the
+rank with the most windows needs; the others fill their last steps with blank windows (dataset.py), which count
+for nothing, so every record is trained on exactly N times. The pre-launch pass and every worker call `plan`
+with the same config and data-parallel degree, so they derive the same number.
+"""
+
+from dataclasses import dataclass
+
+from neuron_qwen3.data import records
+from neuron_qwen3.data.conversations import Problem
+from neuron_qwen3.data.dataset import documents
+from neuron_qwen3.data.loader import tokenizer_of, training_records
+from neuron_qwen3.data.packing import windows
+from neuron_qwen3.data.records import DataError
+from neuron_qwen3.data.tokens import Encoder
+
+
+@dataclass(frozen=True)
+class Plan:
+    epochs: int
+    steps: int
+    sequences: int  # per step, over every data-parallel rank (the global batch)
+    windows: tuple  # per data-parallel rank, over all epochs
+
+    @property
+    def line(self) -> str:
+        return f"{self.epochs} epochs = {self.steps} steps of {self.sequences} sequences"
+
+
+def global_batch(training, dp: int) -> int:
+    """torchtitan's global batch in sequences: training.global_batch_size, or one local batch per rank."""
+    return training.global_batch_size if training.global_batch_size > 0 else training.local_batch_size * dp
+
+
+def plan(config, dp: int) -> Plan:
+    """The steps of `config.dataloader.epochs` epochs on `dp` data-parallel ranks (a trainer config)."""
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    loader, seq_len = config.dataloader, config.training.seq_len
+    table, indices, kind = training_records(loader)
+    encoder = Encoder(HuggingFaceTokenizer(tokenizer_path=tokenizer_of(config)), loader.train_on)
+    lengths = {}
+    for i in indices.tolist():
+        try:
+            _, docs, _ = documents(table.record(i), kind, loader.field, encoder, seq_len)
+        except Problem as problem:
+            raise DataError(f"{table.origin(i)}: {problem}") from None
+        lengths[i] = [len(doc.labels) for doc in docs]
+    per_rank = global_batch(config.training, dp) // dp
+    counts = tuple(sum(windows([lengths[i] for i in records.Order(indices, loader.seed, rank, dp).epoch(e).tolist()],
+                               seq_len, kind == "chat") for e in range(loader.epochs)) for rank in range(dp))
+    return Plan(loader.epochs, max(-(-count // per_rank) for count in counts), global_batch(config.training, dp),
+                counts)

@@ -1,0 +1,48 @@
+"""`scan`: every record of a local DATASET read as the workers read it, for the pre-launch pass."""
+
+from dataclasses import dataclass, field
+
+from neuron_qwen3.data import conversations
+from neuron_qwen3.data.conversations import Problem
+from neuron_qwen3.data.dataset import COUNTS, count, documents
+from neuron_qwen3.data.records import DataError, local_table
+from neuron_qwen3.data.tokens import Encoder
+
+
+@dataclass
+class Scan:
+    problem: str | None  # the first problem, one line naming the file and the line or row; None: none
+    counts: dict = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))  # what was read up to it
+
+
+def scan(path: str, field: str = "text", train_on: str = "assistant", tokenizer_folder: str | None = None,
+         seq_len: int = 2048) -> Scan:
+    """Read every record of `path` (a file or a folder of one kind). With `tokenizer_folder` each one is also
+    rendered, tokenized and masked (template errors found, tokens counted); without it, formats only."""
+    result = Scan(None)
+    encoder = None
+    if tokenizer_folder:
+        from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+        encoder = Encoder(HuggingFaceTokenizer(tokenizer_path=tokenizer_folder), train_on)
+    try:
+        table = local_table(path)
+        found = None
+        for i in range(len(table)):
+            record = table.record(i)
+            try:
+                found = found or conversations.kind(record, field)
+                if encoder:
+                    count(result.counts, *documents(record, found, field, encoder, seq_len))
+                elif found == "chat":
+                    turns = len(conversations.conversation(record, field)[0])
+                    result.counts["records"] += 1
+                    result.counts["turns"] += turns
+                else:
+                    conversations.text(record, field)
+                    result.counts["records"] += 1
+            except Problem as problem:
+                raise DataError(f"{table.origin(i)}: {problem}") from None
+    except DataError as error:
+        result.problem = str(error)
+    return result

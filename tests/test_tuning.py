@@ -1,0 +1,125 @@
+"""The fine-tuning knobs (tuning.py): LR and WARMUP_STEPS on torchtitan's fields, fine-tuning defaults only where
+nothing was given, the global batch checked against the ranks before launch, and stock torchtitan.train doing the
+same as the launcher.
+
+Run: .venv/bin/python -m pytest tests/test_tuning.py -q   (the stock run: about 20 s on CPU)
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import worker_env
+from neuron_qwen3 import preflight, tuning
+from neuron_qwen3.trainer import Tune
+
+SMOKE = ["--module", "neuron_qwen3", "--config", "native_qwen3_smoke"]
+LOAD = "--checkpoint.initial_load_path=/model"
+
+
+def config(*flags):
+    parsed, problem = preflight.parse_config([*SMOKE, *flags], {})
+    assert problem is None, problem
+    return parsed
+
+
+def lr_and_warmup(parsed):
+    return [group.optimizer_kwargs["lr"] for group in parsed.optimizer.param_groups], parsed.lr_scheduler.warmup_steps
+
+
+def test_without_an_initial_load_the_configs_values_stay_and_the_knobs_set_them():
+    parsed = config()
+    assert tuning.apply(parsed) == [] and lr_and_warmup(parsed) == ([8e-4], 2)
+    parsed = config("--tune.lr=1e-4", "--tune.warmup=0.3")  # a fraction of the 10 steps
+    assert tuning.apply(parsed) == [] and lr_and_warmup(parsed) == ([1e-4], 3)
+    parsed = config("--tune.warmup=4")
+    assert tuning.apply(parsed) == [] and lr_and_warmup(parsed) == ([8e-4], 4)
+
+
+def test_a_fine_tune_gets_the_defaults_in_one_line():
+    parsed = config(LOAD)
+    assert tuning.apply(parsed) == [
+        "fine-tuning defaults (checkpoint.initial_load_path is set): lr 2e-05 for the config's 0.0008; warm-up 1 of 10 "
+        "steps for 2 (LR, WARMUP_STEPS or --tune.lr, --tune.warmup choose others)"]
+    assert lr_and_warmup(parsed) == ([tuning.FINETUNE_LR], 1)  # 8 % of 10 steps, at least one
+    assert tuning.apply(parsed) == [] and lr_and_warmup(parsed) == ([tuning.FINETUNE_LR], 1)  # applying again: same
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--tune.lr=1e-5", "--tune.warmup=0"], ([1e-5], 0)),
+    (["--optimizer.param-groups.0.optimizer-kwargs.lr", "0", "--lr_scheduler.warmup_steps=5"], ([0.0], 5)),
+    (["--optimizer.param-groups.0.optimizer-kwargs.lr", "3e-5"], ([3e-5], 1)),  # torchtitan's flag wins, warm-up not
+])
+def test_a_fine_tune_keeps_what_was_given_either_way(flags, expected):
+    parsed = config(LOAD, *flags)
+    tuning.apply(parsed)
+    assert lr_and_warmup(parsed) == expected
+
+
+def test_a_config_that_records_nothing_gets_no_defaults_and_every_param_group_gets_lr():
+    parsed = config(LOAD)
+    parsed.tune = Tune()  # a config function of a user's own, not through `described`
+    assert tuning.apply(parsed) == [] and lr_and_warmup(parsed) == ([8e-4], 2)
+    group = parsed.optimizer.param_groups[0]
+    parsed.optimizer.param_groups = [type(group)(pattern="norm", optimizer_name="AdamW",
+                                                 optimizer_kwargs={"lr": 1e-3}), group]
+    parsed.tune = Tune(lr=5e-5)
+    tuning.apply(parsed)
+    assert lr_and_warmup(parsed)[0] == [5e-5, 5e-5]
+
+
+@pytest.mark.parametrize("flag", ["--tune.lr=0", "--tune.lr=2", "--tune.warmup=2.5", "--tune.warmup=-1"])
+def test_a_bad_value_from_a_stock_command_line_is_one_line(flag):
+    with pytest.raises(ValueError, match=rf"^{flag.split('=')[0]}=\S+ is (not a learning rate above 0 and at most 1|"
+                                         r"neither a whole number of steps nor a fraction below 1)$"):
+        tuning.apply(config(flag))
+
+
+def test_the_global_batch_divides_by_local_batch_and_data_parallel_ranks():
+    assert tuning.batch(config(), 2) == (4, 4)  # torchtitan's -1: one micro-step of local 2 on 2 ranks
+    assert tuning.batch(config("--training.global_batch_size=8"), 2) == (8, 4)  # accumulation 2
+    assert tuning.batch_problem(config("--training.global_batch_size=8"), 2) is None
+    assert tuning.batch_problem(config("--training.global_batch_size=6"), 2) == (
+        "BATCH_SIZE=6 (--training.global_batch_size) is not a multiple of local batch 2 x 2 data-parallel ranks = 4: "
+        "use 4, 8, 12, ... (gradient accumulation = BATCH_SIZE / 4)")
+    assert tuning.batch_problem(config("--training.global_batch_size=2"), 2).startswith("BATCH_SIZE=2 ")  # below one
+    misfit = tuning.batch_problem(config("--parallelism.tensor_parallel_degree=3"), 2)
+    assert misfit == "parallelism on 2 ranks: the parallel degrees do not divide the ranks"  # torchtitan: no text
+    misfit = tuning.batch_problem(config("--parallelism.tensor_parallel_degree=2"), 3)
+    assert misfit.startswith("parallelism on 3 ranks: Invalid parallel dims: ") and "\n" not in misfit
+
+
+def test_the_pre_launch_pass_prints_what_will_train_and_stops_on_a_bad_batch():
+    answer = preflight.run({"args": [*SMOKE, LOAD, "--lr_scheduler.decay_type=cosine"], "ranks": 2,
+                            "print_config": True})
+    shown = answer["config"]
+    assert answer["problems"] == [] and answer["lines"][0].startswith("fine-tuning defaults")
+    assert shown["optimizer"]["param_groups"][0]["optimizer_kwargs"]["lr"] == tuning.FINETUNE_LR
+    assert (shown["lr_scheduler"]["warmup_steps"], shown["lr_scheduler"]["decay_type"]) == (1, "cosine")
+    assert (shown["training"]["global_batch_size"], shown["training"]["local_batch_size"]) == (4, 2)
+    bad = preflight.run({"args": [*SMOKE, "--training.global_batch_size=3"], "ranks": 1, "print_config": True})
+    assert bad["problems"] == ["BATCH_SIZE=3 (--training.global_batch_size) is not a multiple of local batch 2 x 1 "
+                               "data-parallel ranks = 2: use 2, 4, 6, ... (gradient accumulation = BATCH_SIZE / 2)"]
+    assert bad["config"] is None
+
+
+@pytest.mark.training
+def test_stock_torchtitan_train_applies_the_fine_tuning_defaults_and_accumulates(tmp_path):
+    """The article's command, no launcher: the trainer itself applies the rule the pre-launch pass showed."""
+    from test_finetune import tiny_qwen3
+
+    source = tiny_qwen3(tmp_path / "source")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", "localhost:0", "-m", "torchtitan.train", *SMOKE, "--training.steps=3",
+            "--checkpoint.enable", f"--checkpoint.initial_load_path={source}", "--checkpoint.initial_load_in_hf",
+            "--checkpoint.initial_load_model_only", "--checkpoint.load_only", "--training.global_batch_size=4",
+            f"--dump_folder={tmp_path / 'out'}"]
+    result = subprocess.run(argv, env=worker_env(), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "fine-tuning defaults (checkpoint.initial_load_path is set): lr 2e-05" in output
+    assert "global batch size 4, gradient accumulation steps 2" in output
+    records = [json.loads(line) for line in (tmp_path / "out" / "report" / "metrics.jsonl").read_text().splitlines()]
+    assert [record["lr"] for record in records][0] == pytest.approx(tuning.FINETUNE_LR)  # warm-up 1: the peak
