@@ -252,8 +252,8 @@ VARS = (
         "5GB)", flag="--export.max_shard_mb"),
     Var("LORA_RANK", None, positive_int, "LoRA adapters of this rank over INIT_FROM's frozen weights (EXPORT_DIR: a "
         "PEFT adapter folder); unset: full fine-tuning", flag="--lora.rank"),
-    Var("LORA_ALPHA", None, text("a positive number"), "the update is scaled by alpha / rank; default: 2 x rank",
-        flag="--lora.alpha"),
+    Var("LORA_ALPHA", None, decimal("a positive number", 0, float("inf")), "the update is scaled by alpha / rank; "
+        "default: 2 x rank", flag="--lora.alpha"),
     Var("LORA_DROPOUT", None, text("a number from 0 to below 1"), "dropout on the adapters' input (not on MoE "
         "experts)", flag="--lora.dropout"),
     Var("LORA_TARGETS", None, text("a comma list of Hugging Face projection names"), "default: the 7 attention and "
