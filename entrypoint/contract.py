@@ -254,11 +254,11 @@ VARS = (
         "PEFT adapter folder); unset: full fine-tuning", flag="--lora.rank"),
     Var("LORA_ALPHA", None, decimal("a positive number", 0, float("inf")), "the update is scaled by alpha / rank; "
         "default: 2 x rank", flag="--lora.alpha"),
-    Var("LORA_DROPOUT", None, text("a number from 0 to below 1"), "dropout on the adapters' input (not on MoE "
-        "experts)", flag="--lora.dropout"),
-    Var("LORA_TARGETS", None, text("a comma list of Hugging Face projection names"), "default: the 7 attention and "
-        "MLP projections (dense), the 4 attention ones (MoE; add experts.gate_up_proj, experts.down_proj)",
-        flag="--lora.targets"),
+    Var("LORA_DROPOUT", None, matching(r"0|0?\.\d+", "a number from 0 to below 1"), "dropout on the adapters' "
+        "input (not on MoE experts)", flag="--lora.dropout"),
+    Var("LORA_TARGETS", None, matching(r"[a-z_.]+(,[a-z_.]+)*", "a comma list of projection names"), "default: the "
+        "7 attention and MLP projections (dense), the 4 attention ones (MoE; add experts.gate_up_proj, "
+        "experts.down_proj)", flag="--lora.targets"),
     Var("EXPORT_MERGED", "0", switch, "with LoRA: the merged model at EXPORT_DIR, the adapter in EXPORT_DIR/adapter",
         flag="--export.merged"),
     Var("DATASET", None, text("`c4`, a Hub dataset id, or a local .jsonl, .json, .parquet or .txt file or folder"),

@@ -70,7 +70,7 @@ def moe_stub(tmp_path_factory):
 @pytest.mark.parametrize("env, says", [
     ({"LORA_RANK": "0"}, "LORA_RANK='0' is not a positive integer"),
     ({"LORA_RANK": "4", "LORA_ALPHA": "-2"}, "LORA_ALPHA='-2' is not a positive number"),
-    ({"LORA_RANK": "4", "LORA_DROPOUT": "1", "INIT_FROM": "{base}"}, "LORA_DROPOUT=1 is not a number from 0 to below"),
+    ({"LORA_RANK": "4", "LORA_DROPOUT": "1"}, "LORA_DROPOUT='1' is not a number from 0 to below 1"),
     ({"LORA_RANK": "4", "LORA_TARGETS": "q_proj,wq", "INIT_FROM": "{base}"},
      "LORA_TARGETS: wq matches no module of a Qwen3 of the dense family (its targets: q_proj,"),
     ({"LORA_RANK": "4"}, "LORA_RANK is set but INIT_FROM is not: LoRA trains adapters over a model's weights"),
