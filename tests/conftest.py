@@ -36,6 +36,31 @@ def run_scenario(name: str, *args: str, nproc: int = 1, timeout: int = 300) -> s
     return subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
+def _transformers_originals() -> list:
+    """(class, name, value) of what torchtitan's transformers backend replaces for the whole process each time it
+    builds a v5 model (HFTransformerModel._patch_hf_llama_like: PreTrainedModel._init_weights and
+    _initialize_weights, the decoder layer's __init__). A model transformers loads later in the same process is
+    initialised otherwise (test_finetune's logits moved 6 %, test_validation's loss 2e-4), so a test's result
+    would depend on which tests ran before it. Read once, before any test builds anything."""
+    from transformers.modeling_utils import PreTrainedModel
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+
+    return [(cls, name, cls.__dict__[name]) for cls, name in
+            ((PreTrainedModel, "_init_weights"), (PreTrainedModel, "_initialize_weights"),
+             (Qwen3DecoderLayer, "__init__"))]
+
+
+TRANSFORMERS_ORIGINALS = _transformers_originals()
+
+
+@pytest.fixture(autouse=True)
+def transformers_as_it_was():
+    """Every test ends with transformers' classes as they were before it (see _transformers_originals)."""
+    yield
+    for cls, name, value in TRANSFORMERS_ORIGINALS:
+        setattr(cls, name, value)
+
+
 ANSI = re.compile(selftest.COLOUR)  # torchtitan colours its log lines
 STEP_LOSS = re.compile(selftest.LOSS_LINE)  # `step: N  loss: X`, the one pattern the launcher and tests read
 

@@ -117,6 +117,30 @@ def test_dry_run_prints_the_steps_the_workers_derive(chat):
     assert shown["epochs"] == EPOCHS
 
 
+def test_a_fine_tunes_warm_up_is_a_fraction_of_the_epochs_steps(chat, tmp_path):
+    """INIT_FROM's default warm-up (8 % of the steps, tuning.py) is taken of the steps EPOCHS derives, not of the
+    config's: the pre-launch pass and the trainer size both before the schedule."""
+    import torch
+    from safetensors.torch import save_file
+
+    from neuron_qwen3 import config_registry, tuning
+    from neuron_qwen3.data import epochs
+
+    (tmp_path / "config.json").write_bytes((config_registry.HF_MODEL["smoke"] / "config.json").read_bytes())
+    save_file({"w": torch.zeros(8)}, str(tmp_path / "model.safetensors"))
+    many = 20  # epochs: enough steps that 8 % of them is not 8 % of the config's ten
+    result = dry_run(DATASET=chat, DATASET_FIELD="messages", EPOCHS=str(many), NPROC=str(RANKS),
+                     INIT_FROM=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = loader_config(chat)
+    config.dataloader.epochs = many
+    warmup = tuning.warmup_steps(tuning.FINETUNE_WARMUP, epochs.plan(config, RANKS).steps)
+    assert warmup != tuning.warmup_steps(tuning.FINETUNE_WARMUP, config.training.steps)  # else it tells nothing
+    shown = json.loads(result.stdout)["torchtitan_config"]
+    assert shown["training"]["steps"] == epochs.plan(config, RANKS).steps
+    assert shown["lr_scheduler"]["warmup_steps"] == warmup
+
+
 def test_steps_and_epochs_together_is_one_line(chat):
     result = dry_run(DATASET=chat, DATASET_FIELD="messages", EPOCHS="2", STEPS="5")
     assert result.returncode == 2

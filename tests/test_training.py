@@ -72,9 +72,10 @@ def test_nki_moe_matches_native_moe_step_by_step(tmp):
     assert native.returncode == 0, native.stderr[-3000:]
     nki_losses, native_losses = parse_losses(nki.stdout + nki.stderr), parse_losses(native.stdout + native.stderr)
     assert sorted(native_losses) == sorted(nki_losses) == list(range(1, 11))
-    assert nki_losses[1] == native_losses[1]  # the same function of the same weights and data, as printed
-    # Later steps drift by bf16 roundings: both compute the experts in bf16, and the input gradient differs by one
-    # rounding (tests/test_nki_experts.py). Measured on this 2-core host, before and after issue 18 alike: at most
-    # 2.6e-4 relative over the ten steps (step 6).
+    # Both compute the experts in bf16, in different groupings (torchtitan per expert, the reference in padded
+    # 256-row blocks), so even step 1 agrees to bf16 roundings only, and later steps drift further as the input
+    # gradient differs by one rounding too (tests/test_nki_experts.py). Measured on this 2-core host on the packed
+    # smoke data (issue 19): step 1 5.4e-5 relative, at most 4.4e-4 over the ten steps (step 10).
+    assert nki_losses[1] == pytest.approx(native_losses[1], rel=1e-4), (nki_losses[1], native_losses[1])
     for step in native_losses:
         assert nki_losses[step] == pytest.approx(native_losses[step], rel=1e-3), (step, nki_losses, native_losses)

@@ -257,8 +257,8 @@ def validation(config, check_files: bool) -> list:
 
 
 def epochs(config, request: dict) -> tuple:
-    """(problem, None) or (None, the line "epochs: N epochs = S steps of B sequences"): the steps as every worker
-    derives them (data.epochs.plan, on the data-parallel degree of `request["ranks"]`)."""
+    """(problem, None) or (None, the plan): the steps of EPOCHS as every worker derives them (data.epochs.plan, on
+    the data-parallel degree of `request["ranks"]`)."""
     from torchtitan.distributed import ParallelDims
 
     from neuron_qwen3 import data
@@ -269,7 +269,7 @@ def epochs(config, request: dict) -> tuple:
         return f"EPOCHS needs a local DATASET; {config.dataloader.source} is streamed: give STEPS instead", None
     dims = ParallelDims.from_config(config.parallelism, request["ranks"])
     try:
-        return None, f"epochs: {data.epochs.plan(config, dims.dp_replicate * dims.dp_shard).line}"
+        return None, data.epochs.plan(config, dims.dp_replicate * dims.dp_shard)
     except data.DataError as error:
         return f"EPOCHS: {error}", None
 
@@ -297,11 +297,16 @@ def run(request: dict) -> dict:
 
     precision = trainer.cpu_float32(config, config.device)  # as the workers will (the launcher passes --device)
     answer["lines"] += [precision] if precision else []
+    problem = tuning.batch_problem(config, request["ranks"])
+    if not problem and getattr(config.dataloader, "epochs", 0):
+        problem, plan = epochs(config, request)
+        if plan:  # the workers' steps, before the warm-up fraction is taken of them
+            config.training.steps = plan.steps
+            answer["lines"].append(f"epochs: {plan.line}")
     try:
         answer["lines"] += tuning.apply(config)  # as the trainer will: --dry-run shows the lr and warm-up that train
-        problem = tuning.batch_problem(config, request["ranks"])
     except ValueError as error:
-        problem = str(error)
+        problem = problem or str(error)
     if problem:
         answer["problems"].append(problem)
         return answer
@@ -317,9 +322,6 @@ def run(request: dict) -> dict:
         if not fits and not tuned:  # LoRA holds gradients and Adam state for its adapters only
             answer["warnings"].append(f"{config.report.model or 'the model'}: {why}")
     answer["problems"] += validation(config, request.get("check_files"))
-    if getattr(config.dataloader, "epochs", 0):
-        problem, line = epochs(config, request)
-        answer["problems" if problem else "lines"].append(problem or line)
     if not request.get("check_files") or answer["problems"]:
         return answer
     from neuron_qwen3 import checkpoints, data

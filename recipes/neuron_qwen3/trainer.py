@@ -198,13 +198,10 @@ class RunHooks(Trainer):
         if isinstance(config.dataloader, data.DataLoader.Config):  # the chat template of the model trained
             config.dataloader.tokenizer_folder = data.tokenizer_of(config)
             configure_validation(config)
-        finetune = tuning.apply(config)  # before torchtitan builds the optimizer and the LR schedule from it
         try:
             super().__init__(config)  # builds the dataloader, which resolves the source
         except data.DataError as error:
             raise fail_on_data(error) from None
-        for line in finetune:
-            logger.info(line)
         lora.log_state_bytes(self.optimizers, self.model_parts)  # gradients and optimizer bytes, LoRA or not
         self.loss_watch = divergence.attach(self)
         self.stop_watch.join(config.comm)
@@ -227,7 +224,8 @@ class RunHooks(Trainer):
             lora_io.export(self, self.lora) if self.lora else weights.export(self)
 
     def init_distributed(self):
-        """torchtitan's, then EPOCHS: training.steps from the packed data, before the LR schedule is sized."""
+        """torchtitan's, then EPOCHS (training.steps from the packed data) and the fine-tuning knobs, whose warm-up
+        is a fraction of those steps: after torchtitan's Trainer calls this, it builds the optimizer and schedule."""
         dims = super().init_distributed()
         same_config.check_same_config(self.config)  # every rank the same config, before anything is built from it
         loader = self.config.dataloader
@@ -235,6 +233,8 @@ class RunHooks(Trainer):
             plan = data.epochs.plan(self.config, dims.dp_replicate * dims.dp_shard)
             logger.info(f"data: {plan.line}")
             self.config.training.steps = plan.steps
+        for line in tuning.apply(self.config):
+            logger.info(line)
         return dims
 
     def validate_last(self) -> None:

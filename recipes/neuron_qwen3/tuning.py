@@ -8,9 +8,9 @@ wrecks a released model in a few steps), but only where nothing was given: the p
 torchtitan's own field still holds what the config function set (`described` records it in tune.config_lrs and
 tune.config_warmup), so `--optimizer.param-groups.0.optimizer-kwargs.lr 0` or a user's config function with its
 own rate keeps it. Giving exactly the config's value through torchtitan's flag cannot be told from not giving it:
-the one line the rule logs says what it replaced. The rule runs in the trainer (`RunHooks.__init__`), so stock
-`torchtitan.train` behaves as the launcher does; the pre-launch pass runs it on its parsed config, so `--dry-run`
-prints the values that will train and `--check` prints the line.
+the one line the rule logs says what it replaced. The rule runs in the trainer (`RunHooks.init_distributed`, once
+EPOCHS has sized the steps), so stock `torchtitan.train` behaves as the launcher does; the pre-launch pass runs it
+on its parsed config, so `--dry-run` prints the values that will train and `--check` prints the line.
 
 Fine-tuning defaults: torchtitan's own full fine-tune of Qwen3, `sft_qwen3_8b_math` in
 torchtitan/models/qwen3/config_registry.py (0.3.0): AdamW at lr 2e-5, warm-up 15 of its 180 steps (8 %); torchtune's
