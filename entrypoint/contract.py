@@ -239,9 +239,9 @@ VARS = (
         "NeuronCore or GPU, 1 on CPU"),
     Var("EXTRA_ARGS", "", shell_words, "more torchtitan arguments, last (before the command line's); flags "
         "the launcher owns are refused"),
-    Var("INIT_FROM", None, text("`hub` or a path to a Hugging Face model folder"), "unset: random init; `hub`: "
-        "MODEL's Hub weights (full scale); a path: a local model folder (`config.json` + `*.safetensors`), loaded "
-        "through torchtitan's state-dict adapter",
+    Var("INIT_FROM", None, text("`hub` or a path to a Hugging Face model folder or PEFT adapter folder"), "unset: "
+        "random init; `hub`: MODEL's Hub weights (full scale); a path: a local model folder (`config.json` + "
+        "`*.safetensors`), loaded through torchtitan's state-dict adapter; an adapter folder: LoRA continues it",
         flag="--checkpoint.initial_load_path --checkpoint.initial_load_in_hf --checkpoint.initial_load_model_only"),
     Var("EXPORT_DIR", None, path, "after training (also when the data runs out), a Hugging Face model "
         "folder there (config.json, safetensors in the Hub's sharded layout, tokenizer): every rank writes its own "
@@ -250,6 +250,17 @@ VARS = (
         flag="--export.dtype"),
     Var("EXPORT_MAX_SHARD_MB", "5000", positive_int, "the export's largest safetensors file, in MB (the Hub's "
         "5GB)", flag="--export.max_shard_mb"),
+    Var("LORA_RANK", None, positive_int, "LoRA adapters of this rank over INIT_FROM's frozen weights (EXPORT_DIR: a "
+        "PEFT adapter folder); unset: full fine-tuning", flag="--lora.rank"),
+    Var("LORA_ALPHA", None, decimal("a positive number", 0, float("inf")), "the update is scaled by alpha / rank; "
+        "default: 2 x rank", flag="--lora.alpha"),
+    Var("LORA_DROPOUT", None, matching(r"0|0?\.\d+", "a number from 0 to below 1"), "dropout on the adapters' "
+        "input (not on MoE experts)", flag="--lora.dropout"),
+    Var("LORA_TARGETS", None, matching(r"[a-z_.]+(,[a-z_.]+)*", "a comma list of projection names"), "default: the "
+        "7 attention and MLP projections (dense), the 4 attention ones (MoE; add experts.gate_up_proj, "
+        "experts.down_proj)", flag="--lora.targets"),
+    Var("EXPORT_MERGED", "0", switch, "with LoRA: the merged model at EXPORT_DIR, the adapter in EXPORT_DIR/adapter",
+        flag="--export.merged"),
     Var("DATASET", None, text("`c4`, a Hub dataset id, or a local .jsonl, .json, .parquet or .txt file or folder"),
         "training data; default: the config's (c4 at full scale, the bundled corpus at smoke); local files are "
         "read offline",

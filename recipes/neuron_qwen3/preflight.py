@@ -15,7 +15,8 @@ checked, with the library that reads it:
 | batch | BATCH_SIZE not a multiple of local batch x data-parallel ranks, degrees that do not fit the ranks | |
 | config | MODEL of another family than the variant, or no released Qwen3 | |
 | memory | | the sharded weights, gradients and Adam state take over 60 % of a rank's device memory |
-| init_from | no model folder, no weights, another architecture or shape than the run trains | a complete checkpoint wins |
+| init_from | no model folder, no weights, another architecture or shape than the run trains | a complete checkpoint wins (not with LoRA) |
+| lora | no INIT_FROM, a target the model lacks, TP/EP/PP, an adapter INIT_FROM's base or settings, another base | |
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
 | dataset | a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation (data.scan, every record) | |
 | validation | no VALIDATION file, a bad record in it, a fraction of a streamed DATASET | |
@@ -281,6 +282,17 @@ def run(request: dict) -> dict:
     if problem:
         answer["problems"].append(problem)
         return answer
+    from neuron_qwen3 import lora, lora_io
+
+    try:
+        tuned = lora_io.resolve(config)  # INIT_FROM naming a PEFT adapter: the checks below see its base
+    except lora.LoRAError as error:
+        answer["problems"].append(str(error))
+        return answer
+    if tuned:
+        answer["problems"] += lora.problems(config, tuned)
+        if answer["problems"]:
+            return answer
     from neuron_qwen3 import trainer
 
     precision = trainer.cpu_float32(config, config.device)  # as the workers will (the launcher passes --device)
@@ -305,7 +317,9 @@ def run(request: dict) -> dict:
     if shape is not None:
         fits, why = shapes.fit(shape.parameters(), request["ranks"], request.get("memory_gib"))
         answer["model"] = {"parameters": shape.parameters(), "fits": fits, "why": why}
-        if not fits:
+        if tuned and request.get("print_config"):  # --dry-run: built on meta, adapters in, base frozen
+            answer["model"]["lora"] = lora.dry_run(config, tuned, request["ranks"]).line()
+        if not fits and not tuned:  # LoRA holds gradients and Adam state for its adapters only
             answer["warnings"].append(f"{config.report.model or 'the model'}: {why}")
     answer["problems"] += validation(config, request.get("check_files"))
     if not request.get("check_files") or answer["problems"]:
@@ -324,8 +338,12 @@ def run(request: dict) -> dict:
         answer["lines"].append(f"checkpoints: resuming from step {resume} in {config.checkpoint.folder}"
                                if resume is not None else
                                f"checkpoints: none complete in {config.checkpoint.folder}: starting at step 0")
-    problems, warnings = init_from(config, shape, resume)
-    answer["problems"] += problems + export(config, shape.parameters() if shape else None)
+    problems, warnings = init_from(config, shape, None if tuned else resume)  # LoRA loads its base every start
+    if tuned and resume is not None and not problems:
+        problems = lora_io.check_resume_base(os.path.join(config.checkpoint.folder, f"step-{resume}"),
+                                             config.checkpoint.initial_load_path)
+    exported = shape.parameters() if shape and (not tuned or tuned.merged) else None  # an adapter is small
+    answer["problems"] += problems + export(config, exported)
     answer["warnings"] += warnings
     source = getattr(config.dataloader, "source", None)
     if source and os.path.exists(source):  # local: every record read as the workers read it (formats, not tokens)

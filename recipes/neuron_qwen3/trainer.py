@@ -14,14 +14,13 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
+import tyro
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
-from torchtitan.tools.logging import logger
-
-from neuron_qwen3 import data, devices, divergence, report, same_config, stop, tuning, weights
+from neuron_qwen3 import data, devices, divergence, lora, lora_io, report, same_config, stop, tuning, weights
 
 # The override.imports entry that swaps the nki_moe experts (moe/experts.py), named here without importing it: a
 # torchtitan without the override registry still runs the other variants.
@@ -35,8 +34,24 @@ class Export:
     in the Hub's sharded layout, tokenizer), every rank writing its own part, renamed into place; empty: none."""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """dtype of the exported weights"""
+    merged: Annotated[bool, tyro.conf.FlagConversionOff] = False
+    """With LoRA: the merged full model (as without LoRA), the adapter in `<dir>/adapter`; False: the PEFT adapter
+    folder alone. `--export.merged=True` (a value, as the launcher passes every variable)."""
     max_shard_mb: int = 5000
     """The largest safetensors file, in MB of 10^6 bytes (the Hub's 5GB); a larger tensor is a file of its own."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Lora:
+    rank: int = 0
+    """Train LoRA adapters of this rank over the initial load's frozen weights (lora.py); 0: full fine-tuning."""
+    alpha: float = 0.0
+    """The update is scaled by alpha / rank; 0: 2 x rank."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input (not on MoE experts: PEFT has none there)."""
+    targets: str = ""
+    """Comma list of the Hugging Face projections adapted (lora.TARGETS); empty: the attention and MLP projections
+    on dense models, the attention projections on MoE."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -107,6 +122,7 @@ class RunSettings:
     """On CPU, a full-scale config (report.scale full) computes in float32, its nki_moe experts too: bf16 matmuls
     are emulated on CPU (a first Qwen3-0.6B step did not finish in 6 minutes)."""
     export: Export = field(default_factory=Export)
+    lora: Lora = field(default_factory=Lora)
     neuron: Neuron = field(default_factory=Neuron)
     report: Report = field(default_factory=Report)
     stop: Stop = field(default_factory=Stop)
@@ -176,6 +192,9 @@ class RunHooks(Trainer):
         self.stop_watch = stop.StopWatch(config.stop.enable)  # a signal during set-up ends the run at step 1
         weights.hf_compatible(config)  # before the model is built (weights.py)
         configure_nki_experts(config.override, config.neuron)
+        self.lora = lora_io.resolve(config)  # an initial load naming a PEFT adapter: its base is loaded instead
+        if self.lora:
+            lora.attach(config, self.lora)  # adapters in before parallelize_fn, the base frozen after it
         if isinstance(config.dataloader, data.DataLoader.Config):  # the chat template of the model trained
             config.dataloader.tokenizer_folder = data.tokenizer_of(config)
             configure_validation(config)
@@ -183,6 +202,7 @@ class RunHooks(Trainer):
             super().__init__(config)  # builds the dataloader, which resolves the source
         except data.DataError as error:
             raise fail_on_data(error) from None
+        lora.log_state_bytes(self.optimizers, self.model_parts)  # gradients and optimizer bytes, LoRA or not
         self.loss_watch = divergence.attach(self)
         self.stop_watch.join(config.comm)
         self.first_step = None
@@ -191,6 +211,8 @@ class RunHooks(Trainer):
     def train(self):
         with self.report.watch():  # summary.json says whether the run finished, stopped or failed
             weights.check_coverage(self)  # before the initial load reads Hugging Face keys
+            if self.lora:
+                lora_io.prepare_checkpoints(self, self.lora)  # the base from INIT_FROM; checkpoints hold adapters
             try:
                 super().train()
             except divergence.Diverged as diverged:
@@ -198,7 +220,8 @@ class RunHooks(Trainer):
                 self.close()
                 raise
             self.validate_last()
-            weights.export(self)  # export.dir: also when the data ran out before training.steps; not after a stop
+            # export.dir: also when the data ran out before training.steps; not after a stop
+            lora_io.export(self, self.lora) if self.lora else weights.export(self)
 
     def init_distributed(self):
         """torchtitan's, then EPOCHS (training.steps from the packed data) and the fine-tuning knobs, whose warm-up

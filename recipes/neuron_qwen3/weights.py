@@ -25,6 +25,7 @@ from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.tools.logging import logger
 
 from neuron_qwen3 import sharded
+from neuron_qwen3.lora import is_adapter_key
 from neuron_qwen3.sharded import CoverageError, ExportError  # noqa: F401 (raised from here too)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -54,7 +55,8 @@ def check_coverage(trainer) -> None:
     """Raise unless every model weight has a Hugging Face key and comes back from it (on meta: no memory)."""
     if not uses_hf_weights(trainer.config):
         return
-    names = sharded.meta_shapes(sharded.state_dict_pieces(trainer.model_parts))  # a layer at a time
+    names = sharded.meta_shapes(sharded.state_dict_pieces(  # a layer at a time; LoRA's adapters: lora_io.py
+        trainer.model_parts, keep=lambda key: not is_adapter_key(key)))
     adapter = _adapter(trainer)
     back = adapter.from_hf(adapter.to_hf(dict(names)))
     lost = sorted(set(names) - set(back))

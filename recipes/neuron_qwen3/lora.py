@@ -1,0 +1,442 @@
+"""LoRA on all three variants: adapters beside frozen Qwen3 weights, named as PEFT names them.
+
+torchtitan 0.3.0's LoRAConverter rewrites `Linear.Config`s: it cannot reach the transformers backend's modules (built
+by transformers), torchtitan's stacked MoE experts (three 3-D parameters, not Linears) or the fused QKV projection
+as Hugging Face's separate q/k/v, and it has no export. Here the adapters go into the BUILT model, on the meta
+device, by `wrap_parallelize` just before the model spec's own parallelize function, so AC, torch.compile and
+fully_shard treat them as any other weight of their block. Each adapter is one `LoRA` module (a torchtitan Module)
+whose state-dict keys end in `.lora_A` / `.lora_B`, and it records its `Site`: the Hugging Face module PEFT would
+adapt and the torchtitan weights its update adds to (for the export, the merge and an adapter loaded back).
+
+    dense Linear (o_proj, MLP; v5: every projection): y = W x + s B A dropout(x),     s = alpha / rank
+    fused QKV (native, nki_moe): one adapter per q, k, v, added to that head group's output
+    routed experts [E, F, D] (nki_moe): W_e + s B_e A_e for each expert e, computed in front of the experts' own
+        (NKI or grouped-mm) computation; gate and up share A as in transformers' fused `gate_up_proj`
+
+A is initialised as PEFT does (kaiming-uniform, a = sqrt(5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in))), B to zeros,
+so the first step computes the base model exactly. Every other weight is frozen after parallelisation: the
+optimizer, which takes only trainable parameters, holds adapter state only, and no base weight gets a gradient.
+Tensor, expert and pipeline parallelism are refused (FSDP only, as every config here trains).
+"""
+
+import math
+from dataclasses import dataclass, field, replace
+
+import spmd_types as spmd
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torchtitan.models.common.attention import FusedQKVLinear
+from torchtitan.models.common.decoder_sharding import dense_param_placement
+from torchtitan.models.common.moe import GroupedExperts
+from torchtitan.protocols.module import Module
+from torchtitan.protocols.sharding import ShardingConfig
+from torchtitan.tools.logging import logger
+
+ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
+# LoRA targets, in the Hugging Face module names PEFT's `target_modules` uses, per model family. Qwen3-MoE has no
+# dense MLP: its routed experts are two 3-D parameters in transformers (PEFT's `target_parameters`).
+TARGETS = {"dense": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+           "moe": ("q_proj", "k_proj", "v_proj", "o_proj", "experts.gate_up_proj", "experts.down_proj")}
+DEFAULT_TARGETS = {"dense": TARGETS["dense"], "moe": TARGETS["moe"][:4]}  # MoE: the experts when asked
+FAMILY_NAMES = {"dense": "dense", "moe": "MoE"}
+NEEDS_INIT_FROM = ("LORA_RANK is set but INIT_FROM is not: LoRA trains adapters over a model's weights, not over a "
+                   "random init (set INIT_FROM to a Hugging Face model folder, or `hub`)")
+
+
+class LoRAError(ValueError):
+    """A LoRA setting the model cannot take; its message is one line."""
+
+
+@dataclass(frozen=True)
+class LoRASettings:
+    rank: int
+    alpha: float | None = None  # None: 2 x rank
+    dropout: float = 0.0
+    targets: tuple[str, ...] | None = None  # Hugging Face names; None: the family's default (TARGETS)
+    merged: bool = False  # the export: the merged full model (and the adapter beside it)
+    adapter: str | None = None  # a PEFT adapter folder to continue training (INIT_FROM named it)
+
+    @property
+    def scale(self) -> float:
+        return (self.alpha or 2.0 * self.rank) / self.rank
+
+    def targets_of(self, family: str) -> tuple[str, ...]:
+        return self.targets or DEFAULT_TARGETS[family]
+
+
+def settings_of(config) -> LoRASettings | None:
+    """The `--lora.*` section (and `--export.merged`) as settings; None: full fine-tuning (rank 0)."""
+    section = config.lora
+    if not section.rank:
+        return None
+    targets = tuple(name.strip() for name in section.targets.split(",") if name.strip())
+    return LoRASettings(rank=section.rank, alpha=section.alpha or None, dropout=section.dropout,
+                        targets=targets or None, merged=config.export.merged)
+
+
+def target_problems(settings: LoRASettings, family: str) -> list[str]:
+    """What is wrong with the settings for a model family, one line each ([]: nothing)."""
+    targets = settings.targets_of(family)
+    problems = [] if settings.rank >= 1 else [f"LORA_RANK={settings.rank} is not a positive integer"]
+    if settings.alpha is not None and not 0 < settings.alpha < math.inf:
+        problems.append(f"LORA_ALPHA={settings.alpha:g} is not a positive number")
+    if not 0 <= settings.dropout < 1:
+        problems.append(f"LORA_DROPOUT={settings.dropout:g} is not a number from 0 to below 1")
+    if len(set(targets)) != len(targets):
+        problems.append(f"LORA_TARGETS={','.join(targets)} names a target twice")
+    unknown = [name for name in targets if name not in TARGETS[family]]
+    if unknown:
+        problems.append(f"LORA_TARGETS: {', '.join(unknown)} matches no module of a Qwen3 of the "
+                        f"{FAMILY_NAMES[family]} family (its targets: {', '.join(TARGETS[family])})")
+    if settings.dropout and any(name.startswith("experts.") for name in targets):
+        problems.append(f"LORA_DROPOUT={settings.dropout:g} with expert targets: PEFT's LoRA on expert parameters "
+                        "has no dropout (use LORA_DROPOUT=0, or leave the experts out)")
+    return problems
+
+
+def problems(config, settings: LoRASettings) -> list[str]:
+    """The problems (one line each) that the settings show against the config before any model exists: no initial
+    load, a target the model family lacks, a parallelism LoRA here does not shard."""
+    loads = config.checkpoint.initial_load_path and config.checkpoint.initial_load_in_hf
+    parallel = config.parallelism
+    degrees = {"tensor": parallel.tensor_parallel_degree, "expert": parallel.expert_parallel_degree,
+               "pipeline": parallel.pipeline_parallel_degree}
+    unsharded = [f"{name} parallelism degree {degree}" for name, degree in degrees.items() if degree > 1]
+    return (([] if loads else [NEEDS_INIT_FROM]) + target_problems(settings, family_of(config.model_spec.model))
+            + ([f"LoRA here shards with FSDP only; this run has {', '.join(unsharded)}"] if unsharded else []))
+
+
+# ---- the adapter module ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where one adapter sits, in both namings."""
+
+    key: str  # the LoRA module's state-dict prefix in the torchtitan model
+    hf_module: str  # the module PEFT adapts in the transformers model, e.g. model.layers.0.self_attn.q_proj
+    base: tuple[str, ...]  # torchtitan state-dict keys of the weights its update adds to, in row order
+    hf_param: str | None = None  # experts: the 3-D parameter PEFT's target_parameters names (gate_up_proj, ...)
+
+
+class LoRA(Module):
+    """A (rank x in) and B (out x rank), per expert when `experts`; scale = alpha / rank."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Module.Config):
+        in_features: int
+        out_features: int
+        rank: int
+        scale: float
+        dropout: float = 0.0
+        experts: int = 0  # 0: one Linear; E: a stack of E (A [E, r, in], B [E, out, r])
+
+    def __init__(self, config: Config):
+        super().__init__()
+        stack = (config.experts,) if config.experts else ()
+        self.lora_A = nn.Parameter(torch.empty(*stack, config.rank, config.in_features))
+        self.lora_B = nn.Parameter(torch.empty(*stack, config.out_features, config.rank))
+        self.scale = config.scale
+        self.fan_in = config.in_features
+        self.dropout = nn.Dropout(config.dropout) if config.dropout else nn.Identity()
+        self.site: Site | None = None
+
+    def reset_parameters(self) -> None:
+        """PEFT's init: kaiming_uniform_(A, a=sqrt(5)) over each (rank x in) block is U(+-1/sqrt(in)); B = 0."""
+        bound = 1 / math.sqrt(self.fan_in)
+        nn.init.uniform_(self.lora_A, -bound, bound)
+        nn.init.zeros_(self.lora_B)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B) * self.scale
+
+    def delta(self, rows: slice = slice(None)) -> torch.Tensor:
+        """s B A of the stacked experts, [E, out, in] (`rows`: a slice of out)."""
+        return torch.bmm(self.lora_B[:, rows], self.lora_A) * self.scale
+
+
+def _lora(beside: torch.Tensor, in_features, out_features, settings: LoRASettings, experts=0) -> LoRA:
+    """An adapter on the device and in the dtype of the weight `beside` it (meta, when the trainer parallelizes)."""
+    replicated = dense_param_placement(tp=spmd.R)  # FSDP shards it with its block; no TP (refused)
+    with torch.device(beside.device):
+        adapter = LoRA.Config(in_features=in_features, out_features=out_features, rank=settings.rank,
+                              scale=settings.scale, dropout=settings.dropout, experts=experts,
+                              sharding_config=ShardingConfig(state_shardings={"lora_A": replicated,
+                                                                              "lora_B": replicated})).build()
+    return adapter.to(beside.dtype)
+
+
+# ---- the adapted modules: the base class with the adapter added, swapped onto the built instance -------------
+
+_adapted_classes: dict[type, type] = {}
+
+
+def _adapted(cls: type, body: dict) -> type:
+    """`cls` with `body`'s methods, one class per base class (compile and FSDP see a fixed type)."""
+    if cls not in _adapted_classes:
+        _adapted_classes[cls] = type(f"LoRA{cls.__name__}", (cls,), {"_lora_base": cls, **body})
+    return _adapted_classes[cls]
+
+
+def _linear_forward(self, x):
+    return self._lora_base.forward(self, x) + self.lora(x)
+
+
+def _qkv_forward(self, x):
+    xq, xk, xv = self._lora_base.forward(self, x)
+    out = []
+    for name, heads in (("lora_q", xq), ("lora_k", xk), ("lora_v", xv)):
+        adapter = self._modules.get(name)
+        out.append(heads if adapter is None else heads + adapter(x).view_as(heads))
+    return tuple(out)
+
+
+def _expert_weight(name: str, adapter: str, rows: str):
+    """The experts' weight `name` with its adapter's update added; read by GroupedExperts.forward (and the NKI
+    experts') as `self.<name>`, so both compute with it unchanged. The parameter itself stays in `_parameters`
+    (state dict, FSDP, the optimizer see only it)."""
+
+    def weight(self):
+        base, lora = self._parameters[name], self._modules.get(adapter)
+        if lora is None:
+            return base
+        half = lora.lora_B.shape[1] // 2
+        return base + lora.delta({"all": slice(None), "gate": slice(None, half), "up": slice(half, None)}[rows])
+
+    return property(weight)
+
+
+EXPERT_WEIGHTS = {"w1_EFD": _expert_weight("w1_EFD", "lora_gate_up", "gate"),
+                  "w3_EFD": _expert_weight("w3_EFD", "lora_gate_up", "up"),
+                  "w2_EDF": _expert_weight("w2_EDF", "lora_down", "all")}
+
+
+def _attach(module: nn.Module, body: dict, adapters: dict) -> None:
+    module.__class__ = _adapted(type(module), body)
+    for child, adapter in adapters.items():
+        module.add_module(child, adapter)
+
+
+# ---- where the adapters go, per variant ----------------------------------------------------------------------
+
+
+def _layers(model: nn.Module):
+    """(torchtitan prefix, Hugging Face prefix, block) of each decoder layer; v5 wraps a transformers model."""
+    if hasattr(model, "model") and isinstance(getattr(model.model, "model", None), nn.Module):
+        for i, block in enumerate(model.model.model.layers):  # HFTransformerModel: model.model is ...ForCausalLM
+            yield f"model.model.layers.{i}", f"model.layers.{i}", block
+    else:
+        for i, block in model.layers.items():
+            yield f"layers.{i}", f"model.layers.{i}", block
+
+
+def _linear_sites(prefix, hf_prefix, parent, pairs, settings, targets):
+    """Adapters on the plain Linear children of `parent`: pairs of (attribute, Hugging Face name)."""
+    sites = []
+    for attr, hf_name in pairs:
+        if hf_name not in targets or getattr(parent, attr, None) is None:
+            continue
+        linear = getattr(parent, attr)
+        adapter = _lora(linear.weight, linear.in_features, linear.out_features, settings)
+        hf_path = f"{hf_prefix}.{hf_name}"
+        adapter.site = Site(f"{prefix}.{attr}.lora", hf_path, (f"{prefix}.{attr}.weight",))
+        _attach(linear, {"forward": _linear_forward}, {"lora": adapter})
+        sites.append(adapter.site)
+    return sites
+
+
+def _qkv_sites(prefix, hf_prefix, qkv: FusedQKVLinear, settings, targets):
+    dim, head = qkv.wqkv.in_features, qkv.head_dim
+    kv_heads = qkv.wqkv.out_features // (qkv.r_dim * head)
+    adapters = {}
+    for name, heads in (("q", kv_heads * qkv.heads_per_kv), ("k", kv_heads), ("v", kv_heads)):
+        if f"{name}_proj" in targets:
+            adapter = _lora(qkv.wqkv.weight, dim, heads * head, settings)
+            adapter.site = Site(f"{prefix}.lora_{name}", f"{hf_prefix}.{name}_proj", (f"{prefix}.w{name}.weight",))
+            adapters[f"lora_{name}"] = adapter
+    if adapters:
+        _attach(qkv, {"forward": _qkv_forward}, adapters)
+    return [adapter.site for adapter in adapters.values()]
+
+
+def _expert_sites(prefix, hf_prefix, experts: GroupedExperts, settings, targets):
+    count, hidden, dim = experts.w1_EFD.shape
+    adapters = {}
+    if "experts.gate_up_proj" in targets:
+        adapter = _lora(experts.w1_EFD, dim, 2 * hidden, settings, experts=count)
+        adapter.site = Site(f"{prefix}.lora_gate_up", hf_prefix, (f"{prefix}.w1_EFD", f"{prefix}.w3_EFD"),
+                            "gate_up_proj")
+        adapters["lora_gate_up"] = adapter
+    if "experts.down_proj" in targets:
+        adapter = _lora(experts.w2_EDF, hidden, dim, settings, experts=count)
+        adapter.site = Site(f"{prefix}.lora_down", hf_prefix, (f"{prefix}.w2_EDF",), "down_proj")
+        adapters["lora_down"] = adapter
+    if adapters:
+        _attach(experts, EXPERT_WEIGHTS, adapters)
+    return [adapter.site for adapter in adapters.values()]
+
+
+def insert(model: nn.Module, settings: LoRASettings, family: str) -> list[Site]:
+    """Put the adapters into `model` (any device, meta included); LoRAError when a target matches nothing."""
+    targets = settings.targets_of(family)
+    found_problems = target_problems(settings, family)
+    if found_problems:
+        raise LoRAError(found_problems[0])
+    sites = []
+    for prefix, hf_prefix, block in _layers(model):
+        if hasattr(block, "self_attn"):  # transformers' decoder layer (v5)
+            sites += _linear_sites(f"{prefix}.self_attn", f"{hf_prefix}.self_attn", block.self_attn,
+                                   [(n, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")], settings, targets)
+            sites += _linear_sites(f"{prefix}.mlp", f"{hf_prefix}.mlp", block.mlp,
+                                   [(n, n) for n in ("gate_proj", "up_proj", "down_proj")], settings, targets)
+            continue
+        attention = block.attention
+        if isinstance(attention.qkv_linear, FusedQKVLinear):
+            sites += _qkv_sites(f"{prefix}.attention.qkv_linear", f"{hf_prefix}.self_attn", attention.qkv_linear,
+                                settings, targets)
+        else:
+            sites += _linear_sites(f"{prefix}.attention.qkv_linear", f"{hf_prefix}.self_attn", attention.qkv_linear,
+                                   [("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj")], settings, targets)
+        sites += _linear_sites(f"{prefix}.attention", f"{hf_prefix}.self_attn", attention, [("wo", "o_proj")],
+                               settings, targets)
+        if getattr(block, "feed_forward", None) is not None:
+            sites += _linear_sites(f"{prefix}.feed_forward", f"{hf_prefix}.mlp", block.feed_forward,
+                                   [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")], settings, targets)
+        if getattr(block, "moe", None) is not None:
+            sites += _expert_sites(f"{prefix}.moe.routed_experts.inner_experts", f"{hf_prefix}.mlp.experts",
+                                   block.moe.routed_experts.inner_experts, settings, targets)
+    found = {site.hf_param and f"experts.{site.hf_param}" or site.hf_module.rsplit(".", 1)[1] for site in sites}
+    missing = [name for name in targets if name not in found]
+    if missing:
+        raise LoRAError(f"LORA_TARGETS: {', '.join(missing)} matches no module of this model "
+                        f"({type(model).__name__}: adapted {', '.join(sorted(found)) or 'nothing'})")
+    return sites
+
+
+def adapters(model: nn.Module) -> list[LoRA]:
+    return [module for module in model.modules() if isinstance(module, LoRA)]
+
+
+def is_adapter_key(key: str) -> bool:
+    return key.endswith(ADAPTER_SUFFIXES)
+
+
+def freeze_base(model: nn.Module) -> None:
+    """Only the adapters train. After parallelisation: torchtitan's state distribution re-creates parameters
+    (requires_grad back to True), and FSDP reads requires_grad when it first gathers a parameter."""
+    trainable = {id(p) for adapter in adapters(model) for p in adapter.parameters()}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in trainable)
+
+
+def wrap_parallelize(parallelize_fn, settings: LoRASettings, family: str):
+    """The model spec's parallelize_fn with the adapters put in before it and the base frozen after it."""
+
+    def parallelize(model, *, parallel_dims, **kwargs):
+        if parallel_dims.tp_enabled or parallel_dims.ep_enabled or parallel_dims.pp_enabled:
+            raise LoRAError(f"LoRA here shards with FSDP only; this run has tp={parallel_dims.tp}, "
+                            f"ep={parallel_dims.ep}, pp={parallel_dims.pp}")
+        sites = insert(model, settings, family)
+        model = parallelize_fn(model, parallel_dims=parallel_dims, **kwargs)
+        freeze_base(model)
+        base_init = model.init_states
+
+        def init_states(*, buffer_device=None):
+            base_init(buffer_device=buffer_device)
+            for adapter in adapters(model):
+                adapter.reset_parameters()
+
+        model.init_states = init_states  # the trainer calls it after to_empty; v5's own init skips the adapters
+        logger.info(f"LoRA: {len(sites)} adapters of rank {settings.rank} (scale {settings.scale:g}) on "
+                    f"{', '.join(settings.targets_of(family))}; {counts_line(model)}")
+        return model
+
+    return parallelize
+
+
+def family_of(model_config) -> str:
+    """dense or moe: which of TARGETS a model config takes (v5's transformers config: dense)."""
+    return "moe" if next(model_config.traverse(GroupedExperts.Config, recurse=True), None) else "dense"
+
+
+def attach(config, settings: LoRASettings) -> None:
+    """Before the trainer is built: its model spec parallelizes through `wrap_parallelize`."""
+    spec = config.model_spec
+    family = family_of(spec.model)
+    config.model_spec = replace(spec, parallelize_fn=wrap_parallelize(spec.parallelize_fn, settings, family))
+
+
+# ---- counts and memory, for the run's log and --dry-run --------------------------------------------------------
+
+BYTES_FP32 = 4
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Parameters and the sharded state per rank: fp32 weights (all), fp32 gradients and Adam's two fp32 moments
+    (trainable ones only), FSDP over `ranks`; `full` is the same model fine-tuned in full, for comparison."""
+
+    trainable: int
+    frozen: int
+    ranks: int
+    per_rank: dict = field(default_factory=dict)  # weights, gradients, optimizer: bytes
+    full: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        size = lambda v: f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.2f} MiB"
+        gib = lambda d: ", ".join(f"{k} {size(v)}" for k, v in d.items())
+        share = self.trainable / (self.trainable + self.frozen)
+        return (f"{self.trainable:,} trainable ({100 * share:.3f}%), {self.frozen:,} frozen parameters; per rank over "
+                f"{self.ranks}: {gib(self.per_rank)} (full fine-tuning: {gib(self.full)})")
+
+
+def footprint(model: nn.Module, ranks: int) -> Footprint:
+    """Of a model with its adapters in and its base frozen (meta works: only shapes are read)."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+
+    def state(train):
+        return {"weights": BYTES_FP32 * total / ranks, "gradients": BYTES_FP32 * train / ranks,
+                "optimizer": 2 * BYTES_FP32 * train / ranks}
+
+    return Footprint(trainable, total - trainable, ranks, state(trainable), state(total))
+
+
+def log_state_bytes(optimizers, model_parts) -> None:
+    """Once, after the first optimizer step: the bytes this rank holds (local shards) in parameters, gradients and
+    optimizer state, so LoRA's saving is measured, not only predicted (bench/bench_lora.py reads the line)."""
+    last = optimizers.optimizers[-1]
+
+    def measure(*_):
+        handle.remove()
+        params = [p for part in model_parts for p in part.parameters()]
+        local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+        grads = [g.to_local() if isinstance(g, DTensor) else g for g in (p.grad for p in params) if g is not None]
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        state = [value for optimizer in optimizers.optimizers for per_param in optimizer.state.values()
+                 for value in per_param.values() if isinstance(value, torch.Tensor) and value.dim()]
+        mib = lambda tensors: sum(t.numel() * t.element_size() for t in tensors) / 2**20
+        logger.info(f"state after step 1 on this rank: {trainable:,} trainable parameters; parameters "
+                    f"{mib(local):.2f} MiB, gradients {mib(grads):.2f} MiB ({len(grads)} tensors), optimizer state "
+                    f"{mib(state):.2f} MiB")
+
+    handle = last.register_step_post_hook(measure)
+
+
+def counts_line(model: nn.Module) -> str:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.3f}%)"
+
+
+def dry_run(config, settings: LoRASettings, ranks: int) -> Footprint:
+    """For `--dry-run` (the pre-launch child): the config's model built on meta with the adapters, base frozen."""
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    insert(model, settings, family_of(model_config))
+    freeze_base(model)
+    return footprint(model, ranks)
