@@ -222,6 +222,8 @@ def test_b_zero_changes_nothing_and_only_adapters_train(variant, dense_attention
     with torch.no_grad():
         before = logits(model, tokens)
     lora.insert(model, lora.LoRASettings(rank=4, targets=TARGETS[family]), family)
+    # FSDP reads each parameter back by its name (getattr); a name that gave a merged tensor made it the base
+    assert all(model.get_parameter(name) is p for name, p in model.named_parameters())
     lora.freeze_base(model)
     for adapter in lora.adapters(model):
         adapter.reset_parameters()
@@ -343,6 +345,8 @@ def test_adapted_modules_compile_fullgraph(variant):
     _, model = built(variant)
     family = FAMILY[variant]
     lora.insert(model, lora.LoRASettings(rank=4, targets=TARGETS[family]), family)
+    # FSDP reads each parameter back by its name (getattr); a name that gave a merged tensor made it the base
+    assert all(model.get_parameter(name) is p for name, p in model.named_parameters())
     lora.freeze_base(model)
     for adapter in lora.adapters(model):
         adapter.reset_parameters()

@@ -38,12 +38,6 @@ STOP_GRACE = 120  # generous: a loaded CI machine must not turn the save into a 
 # nki_moe resumes with LoRA over its experts (its NKI experts' forward and backward in every step); the full
 # fine-tune's resume is the same DCP state machinery as native's, shown on 1 and 2 ranks.
 CASES = [("native", 1, False), ("native", 2, False), ("native", 2, True), ("nki_moe", 1, True)]
-# A known bug, open in issue 21: LoRA over nki_moe's experts does not resume bitwise. From any of its checkpoints
-# (the stop's or an interval's) the next step's loss differs by ~4e-6 relative and its update by ~20 %, though the
-# adapters, the optimizer state and the data position come back; LoRA on nki_moe's attention alone resumes
-# bitwise. strict: the day it resumes bitwise, these cases fail until the mark goes.
-RESUMED = [*CASES[:3], pytest.param(*CASES[3], marks=pytest.mark.xfail(
-    strict=True, reason="issue 21: LoRA over nki_moe's experts does not resume bitwise yet"))]
 LORA = {"native": {"LORA_RANK": "4"},
         "nki_moe": {"LORA_RANK": "4", "LORA_TARGETS": "q_proj,v_proj,experts.gate_up_proj,experts.down_proj"}}
 
@@ -167,7 +161,7 @@ def test_a_stop_saves_the_current_step_and_exits_143(tmp, variant, nproc, lora):
           f"worker: {detail}")
 
 
-@pytest.mark.parametrize("variant, nproc, lora", RESUMED)
+@pytest.mark.parametrize("variant, nproc, lora", CASES)
 def test_the_restart_continues_at_the_next_step_with_the_same_losses(tmp, variant, nproc, lora):
     (base_status, base_out, _), (_, stopped_out, _), (status, output, _), *_ = runs(tmp, variant, nproc, lora)
     assert base_status == 0, explain(base_out)
@@ -180,7 +174,7 @@ def test_the_restart_continues_at_the_next_step_with_the_same_losses(tmp, varian
     assert {step: baseline[step] for step in range(1, k + 1)} == losses(stopped_out)
 
 
-@pytest.mark.parametrize("variant, nproc, lora", RESUMED)
+@pytest.mark.parametrize("variant, nproc, lora", CASES)
 def test_the_resumed_run_ends_bitwise_where_the_uninterrupted_one_does(tmp, variant, nproc, lora):
     *_, env, _ = runs(tmp, variant, nproc, lora)
     case = f"{variant}-{nproc}{'-lora' if lora else ''}"

@@ -34,6 +34,8 @@ from torchtitan.protocols.module import Module
 from torchtitan.protocols.sharding import ShardingConfig
 from torchtitan.tools.logging import logger
 
+from neuron_qwen3.moe.experts import NKIGroupedExperts
+
 ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
 # LoRA targets, in the Hugging Face module names PEFT's `target_modules` uses, per model family. Qwen3-MoE has no
 # dense MLP: its routed experts are two 3-D parameters in transformers (PEFT's `target_parameters`).
@@ -193,24 +195,18 @@ def _qkv_forward(self, x):
     return tuple(out)
 
 
-def _expert_weight(name: str, adapter: str, rows: str):
-    """The experts' weight `name` with its adapter's update added; read by GroupedExperts.forward (and the NKI
-    experts') as `self.<name>`, so both compute with it unchanged. The parameter itself stays in `_parameters`
-    (state dict, FSDP, the optimizer see only it)."""
-
-    def weight(self):
-        base, lora = self._parameters[name], self._modules.get(adapter)
-        if lora is None:
-            return base
-        half = lora.lora_B.shape[1] // 2
-        return base + lora.delta({"all": slice(None), "gate": slice(None, half), "up": slice(half, None)}[rows])
-
-    return property(weight)
-
-
-EXPERT_WEIGHTS = {"w1_EFD": _expert_weight("w1_EFD", "lora_gate_up", "gate"),
-                  "w3_EFD": _expert_weight("w3_EFD", "lora_gate_up", "up"),
-                  "w2_EDF": _expert_weight("w2_EDF", "lora_down", "all")}
+def _expert_weights(self):
+    """NKIGroupedExperts.expert_weights with each adapter's update added, W_e + s B_e A_e (gate and up: the two
+    halves of lora_gate_up's rows). Not properties under the parameters' names: FSDP reads a parameter back by
+    its name (getattr), and a property there handed it the merged tensor, which became the base parameter."""
+    w1, w2, w3 = self._lora_base.expert_weights(self)
+    gate_up, down = self._modules.get("lora_gate_up"), self._modules.get("lora_down")
+    if gate_up is not None:
+        half = gate_up.lora_B.shape[1] // 2
+        w1, w3 = w1 + gate_up.delta(slice(None, half)), w3 + gate_up.delta(slice(half, None))
+    if down is not None:
+        w2 = w2 + down.delta()
+    return w1, w2, w3
 
 
 def _attach(module: nn.Module, body: dict, adapters: dict) -> None:
@@ -262,6 +258,11 @@ def _qkv_sites(prefix, hf_prefix, qkv: FusedQKVLinear, settings, targets):
 
 
 def _expert_sites(prefix, hf_prefix, experts: GroupedExperts, settings, targets):
+    if not any(name.startswith("experts.") for name in targets):
+        return []
+    if not isinstance(experts, NKIGroupedExperts):
+        raise LoRAError(f"LORA_TARGETS: the experts' adapters compute through nki_moe's experts, and this model's "
+                        f"are torchtitan's {type(experts).__name__} (use VARIANT=nki_moe, or leave the experts out)")
     count, hidden, dim = experts.w1_EFD.shape
     adapters = {}
     if "experts.gate_up_proj" in targets:
@@ -274,7 +275,7 @@ def _expert_sites(prefix, hf_prefix, experts: GroupedExperts, settings, targets)
         adapter.site = Site(f"{prefix}.lora_down", hf_prefix, (f"{prefix}.w2_EDF",), "down_proj")
         adapters["lora_down"] = adapter
     if adapters:
-        _attach(experts, EXPERT_WEIGHTS, adapters)
+        _attach(experts, {"expert_weights": _expert_weights}, adapters)
     return [adapter.site for adapter in adapters.values()]
 
 

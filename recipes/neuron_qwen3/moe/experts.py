@@ -230,12 +230,16 @@ class NKIGroupedExperts(GroupedExperts):
         self.block_count = config.block_count
         self.kernel, self.lnc = config.kernel, config.logical_nc_config
 
+    def expert_weights(self) -> tuple:
+        """(w1, w2, w3) as forward computes with them: local shards under EP / TP, as GroupedExperts. LoRA
+        (lora.py) adds its updates here rather than behind the parameters' names, which FSDP reads."""
+        if isinstance(self.w1_EFD, DTensor):
+            return self.w1_EFD.to_local(), self.w2_EDF.to_local(), self.w3_EFD.to_local()
+        return self.w1_EFD, self.w2_EDF, self.w3_EFD
+
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         """Same contract as GroupedExperts.forward: rows grouped by expert in, per-row outputs out."""
-        if isinstance(self.w1_EFD, DTensor):  # as GroupedExperts: local shards under EP / TP
-            w1_EFD, w2_EDF, w3_EFD = self.w1_EFD.to_local(), self.w2_EDF.to_local(), self.w3_EFD.to_local()
-        else:
-            w1_EFD, w2_EDF, w3_EFD = self.w1_EFD, self.w2_EDF, self.w3_EFD
+        w1_EFD, w2_EDF, w3_EFD = self.expert_weights()
 
         num_rows, dim = x_RD.shape
         num_experts = w1_EFD.shape[0]
