@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         print("usage: python -m neuron_qwen3.fetch HUB_REPO DEST PATTERN...", file=sys.stderr)
         return 2
     repo, dest, *patterns = argv
-    token = os.environ.get("HF_TOKEN")
+    token = os.environ.get("HF_TOKEN")  # a secret, so never a flag: argv shows in ps and in logs
     # before huggingface_hub is imported: its loggers and progress bars capture sys.stderr when created
     sys.stdout, sys.stderr = Redacted(sys.stdout, token), Redacted(sys.stderr, token)
     print(f"entrypoint: fetching {repo} ({', '.join(patterns)}) into {dest}", flush=True)
