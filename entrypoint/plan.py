@@ -174,7 +174,7 @@ def cache_dirs(settings: Settings, kind: str) -> dict:
 
 def env_additions(settings: Settings, devices: Devices, nproc: int, environ) -> dict:
     """What the workers' runtimes read from the environment (torch, the Neuron runtime, compilers, the Hub)."""
-    env = {"PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}  # a worker killed by SIGABRT/SIGSEGV logs its stack
     defaults = cache_dirs(settings, devices.kind)
     if devices.kind == "neuron":
         env["NEURON_LOGICAL_NC_CONFIG"] = str(settings.neuron_logical_nc_config)

@@ -73,11 +73,12 @@ def test_environment_on_each_platform():
     """Only what the workers' runtimes read: every setting of the run itself is a flag."""
     cache = os.path.abspath("./cache/native")  # one folder per variant
     neuron = build("neuron", NEURON_RT_VISIBLE_CORES="0-63").env
-    assert neuron == {"PYTHONUNBUFFERED": "1", "NEURON_LOGICAL_NC_CONFIG": "2", "NEURON_RT_VISIBLE_CORES": "0-63",
+    assert neuron == {"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "NEURON_LOGICAL_NC_CONFIG": "2",
+                      "NEURON_RT_VISIBLE_CORES": "0-63",
                       "TORCH_NEURONX_NEFF_CACHE_DIR": f"{cache}/neff", "TORCH_NEURONX_HLO_CACHE_DIR": f"{cache}/hlo",
                       "NKI_COMPILE_CACHE_URL": f"{cache}/nki"}
     assert build("cuda", CACHE_DIR="/c", VARIANT="v5", SCALE="smoke").env == {
-        "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
         "TORCHINDUCTOR_CACHE_DIR": "/c/v5/inductor"}
     assert build("cpu", NPROC="1").env["OMP_NUM_THREADS"] == str(os.cpu_count())
 
