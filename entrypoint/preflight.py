@@ -225,16 +225,21 @@ def run(plan: Plan, settings: Settings, environ, absent, root="/") -> list:
             *writable(plan, settings, environ, fetching), *assets(plan, settings, absent), *dataset(settings)]
 
 
-def recipes_pass(plan: Plan, settings: Settings, environ, print_config=False, check_files=True, fix=False):
-    """(findings, answer) of the recipes' pre-launch pass over the workers' exact arguments, in a child
-    interpreter (it imports torch and torchtitan: seconds). `fix`: node 0 moves broken checkpoints aside."""
+def request(plan: Plan, settings: Settings, print_config=False, check_files=True, fix=False) -> dict:
+    """What the recipes' pre-launch pass is asked (neuron_qwen3/preflight.py). `fix`: node 0 moves broken
+    checkpoints aside."""
     memory = NEURON_GIB_PER_CORE[settings.neuron_logical_nc_config] if plan.devices.kind == "neuron" else None
-    request = {"args": list(plan.worker_args), "model": plan.model, "variant": plan.variant, "locks": REPO,
-               "ranks": plan.nproc * plan.rendezvous.nnodes, "memory_gib": memory, "print_config": print_config,
-               "check_files": check_files, "fix_checkpoints": fix, "node_rank": plan.rendezvous.node_rank}
+    return {"args": list(plan.worker_args), "model": plan.model, "variant": plan.variant, "locks": REPO,
+            "ranks": plan.nproc * plan.rendezvous.nnodes, "memory_gib": memory, "print_config": print_config,
+            "check_files": check_files, "fix_checkpoints": fix, "node_rank": plan.rendezvous.node_rank}
+
+
+def recipes_pass(plan: Plan, settings: Settings, environ, **asked):
+    """(findings, answer) of the recipes' pre-launch pass over the workers' exact arguments, in a child
+    interpreter (it imports torch and torchtitan: seconds)."""
     env = {**{name: value for name, value in environ.items() if name != "HF_TOKEN"}, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-m", f"{RECIPE_MODULE}.preflight"], input=json.dumps(request),
-                            capture_output=True, text=True, env=env)
+    result = subprocess.run([sys.executable, "-m", f"{RECIPE_MODULE}.preflight"],
+                            input=json.dumps(request(plan, settings, **asked)), capture_output=True, text=True, env=env)
     try:
         answer = json.loads(result.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):

@@ -25,6 +25,13 @@ def worker_env(**extra) -> dict:
     return env
 
 
+def rank_logs(output_dir, tail=2000) -> str:
+    """The end of every rank's own stderr log (torchrun's --log-dir, OUTPUT_DIR/torchrun): the console shows rank 0
+    only, so a failure of another rank is explained here."""
+    return "".join(f"\n--- {path}\n{path.read_text(errors='replace')[-tail:]}"
+                   for path in sorted(Path(output_dir, "torchrun").rglob("stderr.log")))
+
+
 def run_scenario(name: str, *args: str, nproc: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run tests/scenarios/<name>.py in a fresh interpreter (patches are process-global)."""
     script = str(SCENARIOS / f"{name}.py")
@@ -81,6 +88,19 @@ ROOTED = "import sys; from entrypoint import cli; sys.exit(cli.main(sys.argv[2:]
 
 def launcher_at(root, *args) -> list:
     return [sys.executable, "-c", ROOTED, str(root), *args]
+
+
+def recipes_pass(tmp_path, **env) -> dict:
+    """The answer of the recipes' pre-launch pass (neuron_qwen3/preflight.py) to the request the launcher makes for
+    `env` at smoke scale, computed in this process: the launcher runs the same pass in a child interpreter, whose
+    imports take seconds (one line and exit 2 for a problem: test_entrypoint_preflight.py)."""
+    from entrypoint import contract, discovery, plan, preflight as launcher_preflight
+    from neuron_qwen3 import preflight
+
+    environ = {"SCALE": "smoke", "OUTPUT_DIR": str(tmp_path / "out"), "CACHE_DIR": str(tmp_path / "cache"), **env}
+    settings = contract.parse(environ)
+    resolved = plan.build(settings, discovery.discover(settings, str(tmp_path)), environ)
+    return preflight.run(launcher_preflight.request(resolved, settings))
 
 
 @pytest.fixture(scope="session")

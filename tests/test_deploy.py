@@ -1,5 +1,5 @@
 """The deploy files: the Kubeflow TrainJob and its runtime, the sbatch script (with stand-in srun/scontrol), and the
-production docs' variable table. No cluster: the real-Slurm run is tests/test_slurm.py.
+production docs' variable table. No cluster: the real-Slurm runs are tests/test_slurm_nodes.py's.
 
 Run: .venv/bin/python -m pytest tests/test_deploy.py -q
 """

@@ -110,18 +110,16 @@ def test_a_wrong_torchtitan_flag_is_one_line_naming_the_nearest_before_anything_
     work = tmp_path / "work"
     work.mkdir()
     (tmp_path / "dev" / "shm").mkdir(parents=True)
-    for args in (("--check", "--optimizer.lr", "2e-5"), ("--optimizer.lr", "2e-5")):  # --check, and a launch
-        result = entrypoint(*args, cwd=work, root=tmp_path, SCALE="smoke")
-        assert result.returncode == 2 and result.stderr.splitlines() == [
-            "entrypoint: torchtitan arguments: Unrecognized options: --optimizer.lr, 2e-5 (nearest: "
-            "--optimizer.param-groups.0.optimizer-kwargs.lr)"], result.stderr
-        assert "torch.distributed.run" not in result.stdout
-    for args in (("--check",), ()):  # `--flag=value`, which tyro matches whole: the nearest come from the split
-        result = entrypoint(*args, cwd=work, root=tmp_path, SCALE="smoke", EXTRA_ARGS="--optimizer.lr=1")
-        assert result.returncode == 2 and result.stderr.splitlines() == [
-            "entrypoint: torchtitan arguments: Unrecognized options: --optimizer.lr=1 (nearest: "
-            "--optimizer.param-groups.0.optimizer-kwargs.lr)"], result.stderr
-        assert "torch.distributed.run" not in result.stdout
+    result = entrypoint("--check", "--optimizer.lr", "2e-5", cwd=work, root=tmp_path, SCALE="smoke")
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "entrypoint: torchtitan arguments: Unrecognized options: --optimizer.lr, 2e-5 (nearest: "
+        "--optimizer.param-groups.0.optimizer-kwargs.lr)"], result.stderr
+    # a launch, and `--flag=value`, which tyro matches whole: the nearest come from the split
+    result = entrypoint(cwd=work, root=tmp_path, SCALE="smoke", EXTRA_ARGS="--optimizer.lr=1")
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "entrypoint: torchtitan arguments: Unrecognized options: --optimizer.lr=1 (nearest: "
+        "--optimizer.param-groups.0.optimizer-kwargs.lr)"], result.stderr
+    assert "torch.distributed.run" not in result.stdout
     bad_value = entrypoint("--check", "--training.steps", "ten", cwd=work, root=tmp_path, SCALE="smoke")
     assert bad_value.returncode == 2 and bad_value.stderr.splitlines() == [
         "entrypoint: torchtitan arguments: Error parsing --training.steps: invalid literal for int() with base 10: "

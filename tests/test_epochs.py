@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import REPO, worker_env
+from conftest import REPO, recipes_pass, worker_env
 
 pytestmark = pytest.mark.training
 EPOCHS, RANKS, SEQ_LEN = 3, 2, 256  # the smoke config's window: several conversations share one
@@ -141,25 +141,23 @@ def test_a_fine_tunes_warm_up_is_a_fraction_of_the_epochs_steps(chat, tmp_path):
     assert shown["lr_scheduler"]["warmup_steps"] == warmup
 
 
-def test_steps_and_epochs_together_is_one_line(chat):
-    result = dry_run(DATASET=chat, DATASET_FIELD="messages", EPOCHS="2", STEPS="5")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "entrypoint: STEPS and EPOCHS are both set: EPOCHS derives the steps from the data; give one of them"]
+# The pre-launch pass in process (the launcher prints each problem as its one line and exits 2: the dry runs above
+# run the same pass through it).
+def test_steps_and_epochs_together_is_one_line(chat, tmp_path):
+    answer = recipes_pass(tmp_path, DATASET=chat, DATASET_FIELD="messages", EPOCHS="2", STEPS="5")
+    assert answer["problems"] == [
+        "STEPS and EPOCHS are both set: EPOCHS derives the steps from the data; give one of them"]
 
 
-def test_epochs_of_a_streamed_dataset_is_one_line():
-    result = dry_run(DATASET="c4", EPOCHS="2", HF_HUB_OFFLINE="1")
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "EPOCHS" in lines[0], lines
+def test_epochs_of_a_streamed_dataset_is_one_line(tmp_path):
+    answer = recipes_pass(tmp_path, DATASET="c4", EPOCHS="2", HF_HUB_OFFLINE="1")
+    assert answer["problems"] == ["EPOCHS needs a local DATASET; c4 is streamed: give STEPS instead"]
 
 
 def test_bad_validation_file_is_one_line(chat, tmp_path):
-    result = dry_run(DATASET=chat, DATASET_FIELD="messages", VALIDATION=str(tmp_path / "absent.jsonl"))
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        f"entrypoint: VALIDATION='{tmp_path / 'absent.jsonl'}': no such file or folder (nor a fraction like 0.05)"]
+    answer = recipes_pass(tmp_path, DATASET=chat, DATASET_FIELD="messages", VALIDATION=str(tmp_path / "absent.jsonl"))
+    assert answer["problems"] == [
+        f"VALIDATION='{tmp_path / 'absent.jsonl'}': no such file or folder (nor a fraction like 0.05)"]
 
 
 def test_fraction_held_out_is_seeded_and_split_by_record():

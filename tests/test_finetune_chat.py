@@ -153,36 +153,22 @@ def test_sft_on_two_processes_learns_the_template(tmp):
     assert model.generate(**ids, max_new_tokens=8, do_sample=False).shape[1] > ids["input_ids"].shape[1]
 
 
-# issue 19's bad records: (third line, DATASET_FIELD, what the worker's line says after "<file>:3: ")
-BAD = {
-    "invalid JSON": ('{"text": "a', "text", "invalid JSON at column 10: Unterminated string starting"),
-    "tool turn without a call": (json.dumps({"messages": [{"role": "user", "content": "a"},
-                                                          {"role": "tool", "content": "b"},
-                                                          {"role": "assistant", "content": "c"}]}), "messages",
-                                 "message 2: a tool result without a preceding assistant tool call"),
-}
+# A tool turn without a call: (third line, DATASET_FIELD, what the worker's line says after "<file>:3: ")
+BAD = (json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"},
+                                {"role": "assistant", "content": "c"}]}), "messages",
+       "message 2: a tool result without a preceding assistant tool call")
 
 
-# Each kind's line, from the pre-launch scan and a worker's DataLoader, is test_data_records.py's; these runs prove
-# the path from there to the user (the launcher's one line before launch, the worker's exit 2 and torchrun's
-# table), which is one path for every kind: a text record, a conversation, a folder.
-@pytest.mark.parametrize("case", [*sorted(BAD), "a folder mixing kinds"])
-def test_a_bad_record_stops_the_worker_with_its_line(tmp_path, case):
-    if case == "a folder mixing kinds":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        dataset, field = tmp_path / "data", "text"
-        dataset.mkdir()
-        (dataset / "a.jsonl").write_text(json.dumps({"text": "a"}) + "\n")
-        pq.write_table(pa.Table.from_pylist([{"text": "b"}]), dataset / "b.parquet")
-        line = f"{dataset}: holds .jsonl and .parquet files: a folder must hold one kind"
-    else:
-        bad, field, what = BAD[case]
-        good = json.dumps({"text": "a"} if field == "text" else conversations(1)[0])
-        dataset = tmp_path / "data.jsonl"
-        dataset.write_text(f"{good}\n{good}\n{bad}\n")
-        line = f"{dataset}:3: {what}"
+# Every kind's line (a text record, a conversation, a file, a folder), from the pre-launch scan and from a worker's
+# DataLoader, is test_data_records.py's, in process. This run proves the one path from there to the user, the same
+# for every kind: the launcher's one line before launch, and past it (PREFLIGHT=warn) the worker's exit 2 and
+# torchrun's table.
+def test_a_bad_record_stops_the_worker_with_its_line(tmp_path):
+    bad, field, what = BAD
+    good = json.dumps(conversations(1)[0])
+    dataset = tmp_path / "data.jsonl"
+    dataset.write_text(f"{good}\n{good}\n{bad}\n")
+    line = f"{dataset}:3: {what}"
     before = launch(tmp_path, "check", VARIANT="native", DATASET=str(dataset), DATASET_FIELD=field, STEPS="2")
     assert before.returncode == 2 and "torch.distributed.run" not in before.stdout, before.stdout + before.stderr
     assert f"entrypoint: DATASET: {line}" in before.stderr.splitlines(), before.stderr

@@ -24,7 +24,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, recipes_pass
 
 from neuron_qwen3 import lora
 from neuron_qwen3.lora import TARGETS
@@ -71,9 +71,17 @@ def moe_stub(tmp_path_factory):
     ({"LORA_RANK": "0"}, "LORA_RANK='0' is not a positive integer"),
     ({"LORA_RANK": "4", "LORA_ALPHA": "-2"}, "LORA_ALPHA='-2' is not a positive number"),
     ({"LORA_RANK": "4", "LORA_DROPOUT": "1"}, "LORA_DROPOUT='1' is not a number from 0 to below 1"),
+    ({"LORA_RANK": "4"}, "LORA_RANK is set but INIT_FROM is not: LoRA trains adapters over a model's weights"),
+])
+def test_bad_values_are_one_line_and_exit_2(tmp_path, env, says):
+    status, lines = launcher(tmp_path, **env)
+    assert status == 2 and len(lines) == 1 and lines[0].startswith(f"entrypoint: {says}"), lines
+
+
+# The same pass, in process: each problem is its one line (the launcher prints it and exits 2, as above).
+@pytest.mark.parametrize("env, says", [
     ({"LORA_RANK": "4", "LORA_TARGETS": "q_proj,wq", "INIT_FROM": "{base}"},
      "LORA_TARGETS: wq matches no module of a Qwen3 of the dense family (its targets: q_proj,"),
-    ({"LORA_RANK": "4"}, "LORA_RANK is set but INIT_FROM is not: LoRA trains adapters over a model's weights"),
     ({"LORA_RANK": "4", "LORA_TARGETS": "experts.down_proj", "INIT_FROM": "{base}"},
      "LORA_TARGETS: experts.down_proj matches no module of a Qwen3 of the dense family (its targets: q_proj,"),
     ({"VARIANT": "nki_moe", "LORA_RANK": "4", "LORA_TARGETS": "q_proj,gate_proj", "INIT_FROM": "{moe}"},
@@ -83,9 +91,9 @@ def moe_stub(tmp_path_factory):
     ({"LORA_RANK": "4", "INIT_FROM": "{base}", "EXTRA_ARGS": "--parallelism.tensor_parallel_degree 2"},
      "LoRA here shards with FSDP only; this run has tensor parallelism degree 2"),
 ])
-def test_bad_values_are_one_line_and_exit_2(tmp_path, dense_base, moe_stub, env, says):
-    status, lines = launcher(tmp_path, **{k: v.format(base=dense_base, moe=moe_stub) for k, v in env.items()})
-    assert status == 2 and len(lines) == 1 and lines[0].startswith(f"entrypoint: {says}"), lines
+def test_the_pre_launch_pass_names_each_bad_setting_in_one_line(tmp_path, dense_base, moe_stub, env, says):
+    answer = recipes_pass(tmp_path, **{k: v.format(base=dense_base, moe=moe_stub) for k, v in env.items()})
+    assert len(answer["problems"]) == 1 and answer["problems"][0].startswith(says), answer["problems"]
 
 
 def test_an_adapter_whose_base_is_nowhere_is_one_line_and_exit_2(tmp_path):

@@ -4,11 +4,12 @@ Real launcher runs at smoke scale, shared by every test here, over random models
   dense:    VARIANT=native, LORA_RANK=4 LORA_ALPHA=16, 8 steps, CHECKPOINT_DIR, EXPORT_MERGED=1 (float32)
   moe:      VARIANT=nki_moe, NPROC=2 (FSDP), attention and both expert targets, 6 steps, CHECKPOINT_DIR, EXPORT_MERGED=1
   v5:       VARIANT=v5, LORA_RANK=4, 6 steps, CHECKPOINT_DIR, the adapter folder alone
-  *_base:   each variant without LoRA, 1 step: the base model's first loss
   continue: INIT_FROM = the dense run's adapter folder, learning rate 0, 2 steps
   other:    the dense run's CHECKPOINT_DIR resumed over another base of the same shape (PREFLIGHT=warn: the
             pre-launch pass names it, the workers refuse it)
-The trained torchtitan model of a run is its final checkpoint's adapters over the source, built in process.
+The trained torchtitan model of a run is its final checkpoint's adapters over the source, built in process. That
+B = 0 leaves the base model's function at the start is test_lora.py's, in process, for each variant; that the run
+trained over the source's very weights is PEFT's logits and merge below.
 Run: flock /tmp/neuron-qwen3-heavy.lock .venv/bin/python -m pytest tests/test_lora_finetune.py -q
 """
 
@@ -97,9 +98,6 @@ def runs(tmp):
                          EXPORT_DIR=f"{tmp}/moe", EXPORT_MERGED="1")
     done["v5"] = launch("v5", "v5", INIT_FROM=f"{tmp}/dense-source", LORA_RANK="4", STEPS="6", LR=LR,
                         CHECKPOINT_DIR=f"{tmp}/v5-checkpoint", EXPORT_DIR=f"{tmp}/v5")
-    done["dense_base"] = launch("dense_base", "native", INIT_FROM=f"{tmp}/dense-source", STEPS="1")
-    done["moe_base"] = launch("moe_base", "nki_moe", NPROC="2", INIT_FROM=f"{tmp}/moe-source", STEPS="1")
-    done["v5_base"] = launch("v5_base", "v5", INIT_FROM=f"{tmp}/dense-source", STEPS="1")
     done["continue"] = launch("continue", "native", INIT_FROM=f"{tmp}/dense/adapter", STEPS="2",
                               EXPORT_DIR=f"{tmp}/continue", EXTRA_ARGS=ZERO_LR)
     shutil.copytree(f"{tmp}/dense-checkpoint", f"{tmp}/other-checkpoint")
@@ -168,21 +166,16 @@ def rel_err(a, b):
 TOKENS = torch.randint(0, 2048, (2, 64), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("name", ["dense", "moe", "v5", "dense_base", "moe_base", "v5_base", "continue"])
+@pytest.mark.parametrize("name", ["dense", "moe", "v5", "continue"])
 def test_runs_finish(done, name):
     result = done[name]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    steps = {"dense": 8, "moe": 6, "v5": 6, "continue": 2}.get(name, 1)
-    assert sorted(losses(result)) == list(range(1, steps + 1))
-    if not name.endswith("_base"):
-        assert "LoRA: loading the frozen base from" in result.stdout + result.stderr
-
-
-@pytest.mark.parametrize("name", ["dense", "moe", "v5"])
-def test_the_first_loss_is_the_base_models(done, name):
-    """B = 0 at the start: step 1 of the LoRA run computes exactly what the base model computes."""
-    assert losses(done[name])[1] == losses(done[f"{name}_base"])[1]
-    assert losses(done[name])[max(losses(done[name]))] != losses(done[name])[1]  # and it trained
+    steps = {"dense": 8, "moe": 6, "v5": 6, "continue": 2}[name]
+    found = losses(result)
+    assert sorted(found) == list(range(1, steps + 1))
+    assert "LoRA: loading the frozen base from" in result.stdout + result.stderr
+    if name != "continue":  # learning rate 0 there
+        assert found[steps] != found[1]  # it trained
 
 
 @pytest.mark.parametrize("name", ["dense", "moe", "v5"])

@@ -3,11 +3,13 @@
 For each case one uninterrupted run (the baseline), one run stopped by SIGTERM to the launcher after step 1 is
 logged, and one restart with the very same environment. The stop lands at the step boundary after the signal (step
 2 on any machine where a step takes longer than delivering a signal), which is not a multiple of the interval (3),
-so only the save on stop can have written it. On CPU with a fixed seed the resumed run is bitwise the same: the
-printed losses match as strings, and the final checkpoints (model, optimizer, schedule, data-loader position)
-hold identical tensors. The LoRA cases train adapters over a base saved by transformers: their checkpoints hold
-the adapters (and their optimizer state) only, and the restart loads the base from INIT_FROM again. Real torchrun
-runs on CPU (gloo); about 10-20 s each.
+so only the save on stop can have written it; every process ends within the default STOP_GRACE, and the run
+report says `stopped`. Before the full fine-tune's restart a damaged newer checkpoint is planted (all files, one
+shard cut short, as a save cut off by a full disk leaves it): the restart moves it aside and resumes from the
+stop's. On CPU with a fixed seed the resumed run is bitwise the same: the printed losses match as strings, and the
+final checkpoints (model, optimizer, schedule, data-loader position) hold identical tensors. The LoRA case trains
+adapters over a base saved by transformers: its checkpoints hold the adapters (and their optimizer state) only,
+and the restart loads the base from INIT_FROM again. Real torchrun runs on CPU (gloo); about 10-20 s each.
 Run: .venv/bin/python -m pytest tests/test_save_on_stop.py -q -s   (-s prints the stop-to-exit figures)
 """
 
@@ -16,10 +18,12 @@ import json
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -27,17 +31,18 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from conftest import ANSI, REPO, STEP_LOSS, worker_env
 
+from entrypoint import contract, launch as launcher
 from neuron_qwen3 import checkpoints
 
 pytestmark = pytest.mark.training
 
 STOPPED_AT = re.compile(r"stop: SIGTERM at step (\d+): saved step-\d+")
 STEPS, INTERVAL, SIGNAL_AFTER = 6, 3, 1
-STOP_GRACE = 120  # generous: a loaded CI machine must not turn the save into a kill (the bound is launch.py's test)
-# (variant, processes, LoRA): LoRA's checkpoints hold adapters and optimizer only, its base loads from INIT_FROM.
-# nki_moe resumes with LoRA over its experts (its NKI experts' forward and backward in every step); the full
-# fine-tune's resume is the same DCP state machinery as native's, shown on 1 and 2 ranks.
-CASES = [("native", 1, False), ("native", 2, False), ("native", 2, True), ("nki_moe", 1, True)]
+STOP_GRACE = int({var.name: var.default for var in contract.VARS}["STOP_GRACE"])  # the user's bound: the step in flight and the save fit in it
+# (variant, processes, LoRA), each on 2 ranks (FSDP: every rank saves its shards, all agree on the stop step).
+# nki_moe resumes with LoRA over its experts (its NKI experts' forward and backward in every step); LoRA's
+# checkpoints hold adapters and optimizer only, its base loads from INIT_FROM. One rank: the epochs case below.
+CASES = [("native", 2, False), ("nki_moe", 2, True)]
 LORA = {"native": {"LORA_RANK": "4"},
         "nki_moe": {"LORA_RANK": "4", "LORA_TARGETS": "q_proj,v_proj,experts.gate_up_proj,experts.down_proj"}}
 
@@ -77,26 +82,46 @@ def env_for(tmp, name, variant, nproc, lora=False):
     return worker_env(VARIANT=variant, SCALE="smoke", NPROC=str(nproc), STEPS=str(STEPS),
                       CHECKPOINT_INTERVAL=str(INTERVAL), OUTPUT_DIR=f"{tmp}/{case}/out",
                       CHECKPOINT_DIR=f"{tmp}/{case}/checkpoint", CACHE_DIR=f"{tmp}/cache",
-                      PREFLIGHT="warn", STOP_GRACE=str(STOP_GRACE), **extra)
+                      PREFLIGHT="warn", **extra)
 
 
-def launch(env, stop_after=None):
-    """Run the launcher; with `stop_after`, SIGTERM it once that step's loss is logged. Returns (status, output,
-    seconds from the signal to the launcher's exit)."""
-    launcher = subprocess.Popen([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-    lines, signalled = [], None
+def descendants(pid) -> list:
+    table = launcher.process_table()
+    found, stack = [], [pid]
+    while stack:
+        parent = stack.pop()
+        children = [child for child, (ppid, _, _) in table.items() if ppid == parent]
+        found += children
+        stack += children
+    return found
+
+
+class Run(NamedTuple):
+    status: int
+    output: str
+    took: float | None  # seconds from the signal to the launcher's exit
+    outlived: list  # the processes under the launcher at the signal that outlived it
+
+
+def launch(env, stop_after=None) -> Run:
+    """Run the launcher; with `stop_after`, SIGTERM it once that step's loss is logged."""
+    process = subprocess.Popen([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    lines, signalled, below = [], None, []
     try:
-        for line in launcher.stdout:
+        for line in process.stdout:
             lines.append(line)
             step = STEP_LOSS.search(ANSI.sub("", line))
             if stop_after and signalled is None and step and int(step[1]) == stop_after:
-                launcher.send_signal(signal.SIGTERM)
+                below = descendants(process.pid)
+                process.send_signal(signal.SIGTERM)
                 signalled = time.monotonic()
-        status = launcher.wait(timeout=600)
+        status = process.wait(timeout=600)
     finally:
-        launcher.kill()
-    return status, "".join(lines), (time.monotonic() - signalled if signalled else None)
+        process.kill()
+    took = time.monotonic() - signalled if signalled else None
+    outlived = [pid for pid in below if launcher.process_table().get(pid, (0, 0, "Z"))[2] != "Z"]
+    return Run(status, "".join(lines), took, outlived)
 
 
 def explain(output: str) -> str:
@@ -105,16 +130,35 @@ def explain(output: str) -> str:
     return "\n".join(own[-60:]) + "\n--- tail ---\n" + output[-2000:]
 
 
+def plant_damaged(checkpoint_dir, step) -> str:
+    """A copy of step-`step` three steps newer (never one the run writes: the interval is 3), one shard halved."""
+    damaged = os.path.join(checkpoint_dir, f"step-{step + INTERVAL}")
+    shutil.copytree(os.path.join(checkpoint_dir, f"step-{step}"), damaged)
+    shard = sorted(name for name in os.listdir(damaged) if name.endswith(".distcp"))[0]
+    os.truncate(os.path.join(damaged, shard), os.path.getsize(os.path.join(damaged, shard)) // 2)
+    return damaged
+
+
+class Case(NamedTuple):
+    baseline: Run
+    stopped: Run
+    resumed: Run  # the same environment as `stopped`
+    env: dict
+    left: checkpoints.Scan  # the checkpoint folder as the stop left it
+    report: dict  # the stopped run's summary.json
+    damaged: str | None  # the damaged checkpoint planted before the restart
+
+
 @functools.cache
-def runs(tmp, variant, nproc, lora):
-    """(baseline, stopped, resumed) of one case, each (status, output, stop-to-exit seconds); the env; the
-    checkpoint folder as the stop left it."""
+def runs(tmp, variant, nproc, lora) -> Case:
     baseline = launch(env_for(tmp, "baseline", variant, nproc, lora))
     env = env_for(tmp, "stopped", variant, nproc, lora)
     stopped = launch(env, stop_after=SIGNAL_AFTER)
     left = checkpoints.scan(env["CHECKPOINT_DIR"])
-    resumed = launch(env)
-    return baseline, stopped, resumed, env, left
+    with open(f"{env['OUTPUT_DIR']}/report/summary.json") as f:
+        report = json.load(f)
+    damaged = None if lora or left.latest is None else plant_damaged(env["CHECKPOINT_DIR"], left.latest)
+    return Case(baseline, stopped, launch(env), env, left, report, damaged)
 
 
 @pytest.fixture(scope="module")
@@ -147,15 +191,20 @@ def same(a, b, path="") -> list:
 
 @pytest.mark.parametrize("variant, nproc, lora", CASES)
 def test_a_stop_saves_the_current_step_and_exits_143(tmp, variant, nproc, lora):
-    _, (status, output, took), _, _, left = runs(tmp, variant, nproc, lora)
+    case = runs(tmp, variant, nproc, lora)
+    status, output, took, outlived = case.stopped
     assert status == 143, explain(output)
+    assert took < STOP_GRACE + 1 and not outlived, (took, outlived)  # every process gone within the bound
     stop = STOPPED_AT.search(output)
     assert stop, output[-3000:]
     k = int(stop[1])
     assert k % INTERVAL and k < STEPS, f"stopped at step {k}: not a save only the stop can have written"
     assert sorted(losses(output)) == list(range(1, k + 1))  # it finished the step it was in, and began no other
-    assert left.latest == k and not left.broken  # complete: .metadata and every byte range it names
+    assert case.left.latest == k and not case.left.broken  # complete: .metadata and every byte range it names
     assert "killing process groups" not in output  # everything ended by itself, no SIGKILL at the grace
+    # the run report says stopped (not failed), at that step
+    assert case.report["end"] == "stopped" and case.report["steps"] == {"done": k, "planned": STEPS}, case.report
+    assert os.path.exists(f"{case.env['OUTPUT_DIR']}/report/loss.png")
     detail = re.search(r"stop: .*", ANSI.sub("", output))[0]
     print(f"\n{variant} x{nproc}{' LoRA' if lora else ''}: SIGTERM to the launcher -> exit 143 in {took:.2f} s; "
           f"worker: {detail}")
@@ -163,11 +212,16 @@ def test_a_stop_saves_the_current_step_and_exits_143(tmp, variant, nproc, lora):
 
 @pytest.mark.parametrize("variant, nproc, lora", CASES)
 def test_the_restart_continues_at_the_next_step_with_the_same_losses(tmp, variant, nproc, lora):
-    (base_status, base_out, _), (_, stopped_out, _), (status, output, _), *_ = runs(tmp, variant, nproc, lora)
+    case = runs(tmp, variant, nproc, lora)
+    (base_status, base_out, *_), stopped_out, (status, output, *_) = case.baseline, case.stopped.output, case.resumed
     assert base_status == 0, explain(base_out)
     assert status == 0, explain(output)
     k = int(STOPPED_AT.search(stopped_out)[1])
     assert f"Training starts at step {k + 1}" in ANSI.sub("", output)
+    if case.damaged:  # moved aside with one warning; the stop's checkpoint is the newest complete one
+        warnings = [line for line in output.splitlines() if line.startswith("entrypoint: warning: checkpoint")]
+        assert len(warnings) == 1 and f"{case.damaged} is broken" in warnings[0], output[-3000:]
+        assert f"entrypoint: checkpoints: resuming from step {k} in {case.env['CHECKPOINT_DIR']}" in output
     resumed, baseline = losses(output), losses(base_out)
     assert sorted(resumed) == list(range(k + 1, STEPS + 1))
     assert {step: baseline[step] for step in resumed} == resumed  # step for step, as printed
@@ -176,7 +230,7 @@ def test_the_restart_continues_at_the_next_step_with_the_same_losses(tmp, varian
 
 @pytest.mark.parametrize("variant, nproc, lora", CASES)
 def test_the_resumed_run_ends_bitwise_where_the_uninterrupted_one_does(tmp, variant, nproc, lora):
-    *_, env, _ = runs(tmp, variant, nproc, lora)
+    env = runs(tmp, variant, nproc, lora).env
     case = f"{variant}-{nproc}{'-lora' if lora else ''}"
     resumed = final_state(env["CHECKPOINT_DIR"], f"{tmp}/{case}-resumed.pt")
     baseline = final_state(env_for(tmp, "baseline", variant, nproc, lora)["CHECKPOINT_DIR"], f"{tmp}/{case}-base.pt")
@@ -250,7 +304,7 @@ def epoch_runs(tmp):
 
 
 def test_a_stop_in_the_middle_of_epoch_2_resumes_there_with_the_same_losses(tmp):
-    (base_status, base_out, _), (status, stopped_out, _), (resumed_status, resumed_out, _) = epoch_runs(tmp)
+    (base_status, base_out, *_), (status, stopped_out, *_), (resumed_status, resumed_out, *_) = epoch_runs(tmp)
     assert base_status == 0, explain(base_out)
     assert "data: 3 epochs = 5 steps of 2 sequences" in ANSI.sub("", base_out)
     assert sorted(losses(base_out)) == [1, 2, 3, 4, 5]  # the run ends after 3 epochs

@@ -1,6 +1,6 @@
-"""Integration: every variant's smoke config trains through the launcher, on 1 and 2 processes, and each
-one-process run leaves $OUTPUT_DIR/report/ (recipes/neuron_qwen3/report.py) that parses; the comparison lists every
-variant. A stopped run's report is test_report.py's.
+"""Integration: every variant's smoke config trains through the launcher on 2 processes (FSDP over gloo; one
+process is what most other test files run), and each run leaves $OUTPUT_DIR/report/ (recipes/neuron_qwen3/report.py)
+that parses; the comparison lists every variant. A stopped run's report is test_save_on_stop.py's.
 
 These are real torchrun runs on CPU (gloo), a few tens of seconds each. Run:
     .venv/bin/python -m pytest tests/test_training.py
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ANSI, REPO, STEP_LOSS, worker_env
+from conftest import ANSI, REPO, STEP_LOSS, rank_logs, worker_env
 
 from bench import compare
 from entrypoint.variants import VARIANTS
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.training
 RECORD_KEYS = {"step", "time", "loss", "grad_norm", "lr", "tokens_per_s_per_device", "tokens_per_s", "step_time_s",
                "data_loading_s", "tflops_per_device", "mfu_pct", "memory_gib", "tokens_seen", "steps_total"}
 SMOKE_MOE_LAYERS = 2  # shapes.SMOKE_MOE.n_layers; every layer of the smoke MoE is an MoE layer
+NPROC = 2
 
 
 def parse_losses(output: str) -> dict[int, float]:
@@ -42,8 +43,8 @@ def png_size(path):
 
 
 @functools.cache
-def launch(variant: str, nproc: int, tmp: str) -> subprocess.CompletedProcess:
-    env = worker_env(VARIANT=variant, SCALE="smoke", NPROC=str(nproc), OUTPUT_DIR=f"{tmp}/{variant}-{nproc}",
+def launch(variant: str, tmp: str) -> subprocess.CompletedProcess:
+    env = worker_env(VARIANT=variant, SCALE="smoke", NPROC=str(NPROC), OUTPUT_DIR=f"{tmp}/{variant}",
                      CACHE_DIR=f"{tmp}/cache")
     return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=600)
@@ -54,20 +55,19 @@ def tmp(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("training"))
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_smoke_trains_with_falling_loss(variant, nproc, tmp):
-    result = launch(variant, nproc, tmp)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def test_smoke_trains_with_falling_loss(variant, tmp):
+    result = launch(variant, tmp)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + rank_logs(f"{tmp}/{variant}")
     losses = parse_losses(result.stdout + result.stderr)
     assert sorted(losses) == list(range(1, 11)), f"expected steps 1..10 in the log, got {sorted(losses)}"
     assert all(math.isfinite(x) for x in losses.values()), losses
     assert losses[10] < losses[1] - 0.3, losses
-    assert f"--nproc_per_node={nproc}" in result.stdout + result.stderr  # the launch line
+    assert f"--nproc_per_node={NPROC}" in result.stdout + result.stderr  # the launch line
 
 
 def test_nki_moe_replaces_every_moe_layer(tmp):
-    result = launch("nki_moe", 1, tmp)
+    result = launch("nki_moe", tmp)
     log = ANSI.sub("", result.stdout + result.stderr)
     replaced = re.findall(r"\[Override\] neuron_qwen3\.moe\.experts\.nki_grouped_experts: (\S+)", log)
     assert replaced == [f"model_spec.model.layers.{i}.moe.routed_experts.inner_experts"
@@ -78,10 +78,11 @@ def test_nki_moe_replaces_every_moe_layer(tmp):
 
 def test_nki_moe_matches_native_moe_step_by_step(tmp):
     """Same seed, same data, same weights: the expert override must not change the maths."""
-    nki = launch("nki_moe", 1, tmp)
+    nki = launch("nki_moe", tmp)
     native = subprocess.run(  # the article's hand-typed command: stock torchtitan.train
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--rdzv_backend", "c10d",
-         "--rdzv_endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", "-m", "torchtitan.train",
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={NPROC}", "--rdzv_backend", "c10d",
+         "--rdzv_endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", "--local-ranks-filter", "0", "--role",
+         "rank", "--tee", "3", "-m", "torchtitan.train",
          "--module", "neuron_qwen3", "--config", "native_moe_qwen3_smoke", "--dump_folder", f"{tmp}/native-moe"],
         env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert native.returncode == 0, native.stderr[-3000:]
@@ -97,10 +98,10 @@ def test_nki_moe_matches_native_moe_step_by_step(tmp):
 
 
 def report_of(variant, tmp):
-    """(OUTPUT_DIR, what the launcher printed) of the variant's one-process run, which finished."""
-    result = launch(variant, 1, tmp)
+    """(OUTPUT_DIR, what the launcher printed) of the variant's run, which finished."""
+    result = launch(variant, tmp)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return Path(f"{tmp}/{variant}-1"), result.stdout + result.stderr
+    return Path(f"{tmp}/{variant}"), result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -116,10 +117,10 @@ def test_every_variant_leaves_a_report_that_parses(tmp, variant):
     assert (summary["variant"], summary["scale"], summary["config"]) == (variant, "smoke",
                                                                          VARIANTS[variant].configs["smoke"])
     assert summary["end"] == "finished" and summary["steps"] == {"done": steps, "planned": steps}
-    assert summary["device"] == {"kind": "cpu", "name": "cpu", "count": 1}
-    assert (summary["processes"], summary["nodes"]) == (1, 1)
+    assert summary["device"] == {"kind": "cpu", "name": "cpu", "count": NPROC}
+    assert (summary["processes"], summary["nodes"]) == (NPROC, 1)
     assert summary["steady_state"]["steps"] == list(range(3, steps + 1)) and summary["warmup"]["steps"] == [1, 2]
-    assert summary["tokens_seen"] == steps * training.local_batch_size * training.seq_len  # one rank
+    assert summary["tokens_seen"] == steps * training.local_batch_size * training.seq_len * NPROC  # every rank
     assert (summary["first_loss"], summary["last_loss"]) == (records[0]["loss"], records[-1]["loss"])
     assert 0 < summary["launch_to_first_step_s"] < summary["wall_s"]
     assert summary["versions"]["torchtitan"] == "0.3.0" and summary["versions"]["torch-neuronx"] is None
