@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import ANSI, REPO, STEP_LOSS
+from conftest import ANSI, REPO, STEP_LOSS, descendants
 
 from entrypoint import launch
 
@@ -58,17 +58,6 @@ def wait_for(path, process, timeout=300):
         assert process.poll() is None, f"the launcher exited ({process.returncode}) before {path} appeared"
         assert time.monotonic() < deadline, f"no {path} after {timeout}s"
         time.sleep(0.05)
-
-
-def descendants(pid):
-    table = launch.process_table()
-    found, stack = [], [pid]
-    while stack:
-        parent = stack.pop()
-        children = [child for child, (ppid, _, _) in table.items() if ppid == parent]
-        found += children
-        stack += children
-    return found
 
 
 def cleanup(process):

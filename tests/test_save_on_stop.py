@@ -29,7 +29,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from conftest import ANSI, REPO, STEP_LOSS, worker_env
+from conftest import ANSI, REPO, STEP_LOSS, descendants, worker_env
 
 from entrypoint import contract, launch as launcher
 from neuron_qwen3 import checkpoints
@@ -83,17 +83,6 @@ def env_for(tmp, name, variant, nproc, lora=False):
                       CHECKPOINT_INTERVAL=str(INTERVAL), OUTPUT_DIR=f"{tmp}/{case}/out",
                       CHECKPOINT_DIR=f"{tmp}/{case}/checkpoint", CACHE_DIR=f"{tmp}/cache",
                       PREFLIGHT="warn", **extra)
-
-
-def descendants(pid) -> list:
-    table = launcher.process_table()
-    found, stack = [], [pid]
-    while stack:
-        parent = stack.pop()
-        children = [child for child, (ppid, _, _) in table.items() if ppid == parent]
-        found += children
-        stack += children
-    return found
 
 
 class Run(NamedTuple):
