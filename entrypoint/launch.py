@@ -71,18 +71,24 @@ def process_table() -> dict:
     return table
 
 
-def process_groups(root_pid) -> set:
-    """The process group of `root_pid` and of every process below it."""
-    table = process_table()
+def descendants(root_pid, table=None) -> list:
+    """The pids of every process below `root_pid`, from one look at /proc (or `table`)."""
+    table = process_table() if table is None else table
     children = {}
     for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    groups, stack = {root_pid}, [root_pid]
+    found, stack = [], [root_pid]
     while stack:
-        for pid in children.get(stack.pop(), ()):
-            groups.add(table[pid][1])
-            stack.append(pid)
-    return groups
+        below = children.get(stack.pop(), [])
+        found += below
+        stack += below
+    return found
+
+
+def process_groups(root_pid) -> set:
+    """The process group of `root_pid` and of every process below it."""
+    table = process_table()
+    return {root_pid} | {table[pid][1] for pid in descendants(root_pid, table)}
 
 
 def _signal_groups(groups, signum):

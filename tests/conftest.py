@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import launch
 from neuron_qwen3 import selftest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,18 +23,6 @@ def worker_env(**extra) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     env.update(extra)
     return env
-
-
-def descendants(pid) -> list:
-    """Every process below `pid`, as /proc shows them now."""
-    table = launch.process_table()
-    found, stack = [], [pid]
-    while stack:
-        parent = stack.pop()
-        children = [child for child, (ppid, _, _) in table.items() if ppid == parent]
-        found += children
-        stack += children
-    return found
 
 
 def rank_logs(output_dir, tail=2000) -> str:

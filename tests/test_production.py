@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import ANSI, REPO, STEP_LOSS, descendants
+from conftest import ANSI, REPO, STEP_LOSS
 
 from entrypoint import launch
 
@@ -103,8 +103,9 @@ def test_kill_9_of_a_worker_resumes_in_place_with_restarts_allowed(tmp_path, cac
         process = start(log, env)
         try:
             wait_for(ckpt / "step-3" / ".metadata", process)
-            torchrun = [pid for pid in descendants(process.pid) if launch.process_table()[pid][0] == process.pid][0]
-            workers = [pid for pid in descendants(torchrun) if launch.process_table()[pid][0] == torchrun]
+            children = {pid: ppid for pid, (ppid, _, _) in launch.process_table().items()}
+            torchrun = next(pid for pid, ppid in children.items() if ppid == process.pid)
+            workers = [pid for pid, ppid in children.items() if ppid == torchrun]
             assert len(workers) == 2
             os.kill(workers[-1], signal.SIGKILL)
             code = process.wait(timeout=400)

@@ -29,7 +29,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from conftest import ANSI, REPO, STEP_LOSS, descendants, worker_env
+from conftest import ANSI, REPO, STEP_LOSS, worker_env
 
 from entrypoint import contract, launch as launcher
 from neuron_qwen3 import checkpoints
@@ -102,7 +102,7 @@ def launch(env, stop_after=None) -> Run:
             lines.append(line)
             step = STEP_LOSS.search(ANSI.sub("", line))
             if stop_after and signalled is None and step and int(step[1]) == stop_after:
-                below = descendants(process.pid)
+                below = launcher.descendants(process.pid)
                 process.send_signal(signal.SIGTERM)
                 signalled = time.monotonic()
         status = process.wait(timeout=600)
