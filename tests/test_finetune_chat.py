@@ -6,7 +6,7 @@ template, a bad record stops the worker with its one line.
   same loss at every step, within fp32 noise, over several optimizer steps. With the v5 backend's old plain
   causal mask they do not (checked by hand: see the report of issue 19).
 - SFT on 2 processes: the loss falls, and transformers serves the export: its loss on the training conversations
-  is the trained one.
+  is the trained one, and it answers a new question in a well-formed turn that ends with <|im_end|>.
 - every bad record of issue 19: the pre-launch pass names it in one line and starts nothing (exit 2); with
   PREFLIGHT=warn it reaches the worker, which prints the same line, exits 2 (torchrun's failure table says so,
   with that line and no traceback; torchrun itself exits 1), and no step runs.
@@ -16,6 +16,7 @@ Run: .venv/bin/python -m pytest tests/test_finetune_chat.py -q
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -94,7 +95,7 @@ def run(tmp, name):
     source, chat = source_and_data(tmp)
     if name == "sft":
         return launch(tmp, name, VARIANT="native", DATASET=chat, DATASET_FIELD="messages", STEPS="40", NPROC="2",
-                      EXPORT_DIR=f"{tmp}/export", EXPORT_DTYPE="float32")
+                      LR="3e-3", EXPORT_DIR=f"{tmp}/export", EXPORT_DTYPE="float32")
     return launch(tmp, name, VARIANT=name, INIT_FROM=source, DATASET=chat, DATASET_FIELD="messages", STEPS="5",
                   EXTRA_ARGS=FP32)
 
@@ -118,15 +119,16 @@ def test_v5_and_native_train_the_same_function(tmp):
     assert native[5] < native[1]  # several optimizer steps, and they moved the model
 
 
-def test_sft_on_two_processes_learns_the_template(tmp):
+def test_sft_on_two_processes_answers_in_the_template(tmp):
     """The loss falls, and transformers serves the export: on the conversations it was trained on, the loss
     transformers computes from the exported folder (the tokens TRAIN_ON=assistant counts) is the trained one, far
-    below the first step's; it generates from a prompt in the template. (After 40 steps from random init its greedy
-    answer is not yet a well-formed turn: newlines and pieces of the end-of-turn marker.)"""
+    below the first step's; asked a new question, its greedy answer is a well-formed turn: a number and a full stop,
+    then the one <|im_end|> token, where generation stops by itself (the export's generation_config.json). Forty
+    steps from random init learn the turn's form, not yet the sums."""
     import transformers
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    from neuron_qwen3.data.tokens import Encoder
+    from neuron_qwen3.data.tokens import IM_END, Encoder
 
     result = run(tmp, "sft")
     found = finished(result, 40)
@@ -146,11 +148,16 @@ def test_sft_on_two_processes_learns_the_template(tmp):
     served = total / count
     assert served < found[1] - 1.0 and abs(served - found[40]) < 0.5, (served, found)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "3+9?"}], add_generation_prompt=True,
-                                           enable_thinking=False, tokenize=False)
-    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
-    assert model.generate(**ids, max_new_tokens=8, do_sample=False).shape[1] > ids["input_ids"].shape[1]
+    end_of_turn = tokenizer.convert_tokens_to_ids(IM_END)
+    assert end_of_turn in model.generation_config.eos_token_id
+    for question in ("3+9?", "12+30?"):
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                               enable_thinking=False, tokenize=False)
+        assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+        answer = model.generate(**ids, max_new_tokens=16, do_sample=False)[0, ids["input_ids"].shape[1]:].tolist()
+        assert answer[-1] == end_of_turn and end_of_turn not in answer[:-1], tokenizer.decode(answer)
+        assert re.fullmatch(r"\d+\.", tokenizer.decode(answer[:-1])), tokenizer.decode(answer)
 
 
 # A tool turn without a call: (third line, DATASET_FIELD, what the worker's line says after "<file>:3: ")

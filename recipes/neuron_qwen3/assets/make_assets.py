@@ -10,7 +10,7 @@ import json
 import random
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from neuron_qwen3 import shapes
 
@@ -22,11 +22,16 @@ HF_CONFIGS = {"hf_qwen3_tiny": shapes.SMOKE, "hf_qwen3_bench_cpu": shapes.BENCH_
 VOCAB_SIZE = shapes.SMOKE.vocab_size
 NUM_DOCUMENTS = 3000
 EOS = "<|endoftext|>"
+# Qwen3's chat markers are single tokens of its vocabulary, as here: the first two special (decode's
+# skip_special_tokens drops them), the rest plain added tokens (Qwen3 decodes `<think>` as text). A served model
+# ends its turn with the one <|im_end|> token, which generation_config.json makes a stop token as Qwen3's does.
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = ("<|im_start|>", IM_END)
+ADDED_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
 # Qwen3's chat layout (ChatML), written here from its documented behaviour: a system turn carrying the tools,
 # assistant tool calls as <tool_call> JSON, tool results as <tool_response> blocks inside a user turn, and
 # reasoning in <think> kept only for the assistant turns after the last user turn (an empty block on the final
-# one). The markers are plain text here (the 2048-token vocabulary has no room for them as special tokens);
-# torchtitan's HuggingFaceTokenizer and transformers both read chat_template.jinja beside the tokenizer.
+# one). torchtitan's HuggingFaceTokenizer and transformers both read chat_template.jinja beside the tokenizer.
 CHAT_TEMPLATE = """\
 {%- if tools %}
     {{- '<|im_start|>system\\n' }}
@@ -137,12 +142,13 @@ def make_tokenizer(docs: list[str]) -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=[EOS],
+        vocab_size=VOCAB_SIZE - len(ADDED_TOKENS),
+        special_tokens=[EOS, *SPECIAL_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(docs, trainer=trainer)
+    tok.add_tokens([AddedToken(token, special=False, normalized=False) for token in ADDED_TOKENS])
     assert tok.get_vocab_size() == VOCAB_SIZE, tok.get_vocab_size()
     return tok
 
@@ -172,6 +178,9 @@ def main() -> None:
     config = {"bos_token": None, "eos_token": EOS, "add_bos_token": False, "model_max_length": 4096}
     (TOKENIZER_DIR / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (TOKENIZER_DIR / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    stops = [tokenizer.token_to_id(IM_END), tokenizer.token_to_id(EOS)]
+    generation = {"eos_token_id": stops, "pad_token_id": tokenizer.token_to_id(EOS), "do_sample": False}
+    (TOKENIZER_DIR / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     write_hf_configs(tokenizer.token_to_id(EOS))
     print(f"wrote {len(docs)} documents to {CORPUS} and a {VOCAB_SIZE}-token tokenizer to {TOKENIZER_DIR}")
 
