@@ -1,6 +1,7 @@
-"""Two Slurm nodes run deploy/slurm/train.sbatch: one world across a network stopped and requeued, node 0 lost on
-purpose, and nodes started with different settings refused (that nodes with plain variables and other settings
-meet too, so are refused the same way, is test_entrypoint_rendezvous.py's: the default id hashes no setting).
+"""Two Slurm nodes run deploy/slurm/train.sbatch: one world across a network stopped, requeued and exported
+(gathered to node 0), node 0 lost on purpose, and nodes started with different settings refused (that nodes with
+plain variables and other settings meet too, so are refused the same way, is test_entrypoint_rendezvous.py's: the
+default id hashes no setting).
 
 The cluster (tests/slurm_cluster.py) is made here: three network namespaces, slurmctld in one, a slurmd in each of
 the others (`nq23n1` at 10.231.0.11, `nq23n2` at 10.231.0.12, each with its own host name and /etc/hosts), munged
@@ -18,8 +19,12 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 import slurm_cluster
 from conftest import ANSI, REPO, STEP_LOSS
@@ -33,8 +38,10 @@ STEPS, INTERVAL = 8, 2
 PEER_TIMEOUT = 15  # the bound under test: a node whose node 0 is lost ends within it
 SLURMD_TIMEOUT = 30  # above the bound: the survivor ends by itself before Slurm sets node 0 DOWN and requeues
 SBATCH = str(REPO / "deploy" / "slurm" / "train.sbatch")
+# warn: this host's nofile limit is below the production one. Export shards of 1 MB: the smoke model's 1.3 MB
+# make two files and an index (train.sbatch exports to OUTPUT_DIR/hf).
 RUN = {"VARIANT": "native", "SCALE": "smoke", "STEPS": str(STEPS), "CHECKPOINT_INTERVAL": str(INTERVAL),
-       "OMP_NUM_THREADS": "1", "PREFLIGHT": "warn"}  # warn: this host's nofile limit is below the production one
+       "OMP_NUM_THREADS": "1", "PREFLIGHT": "warn", "EXPORT_MAX_SHARD_MB": "1"}
 STOPPED = re.compile(r"stop: SIGTERM at step (\d+): ")
 REFUSED = re.compile(r"config differs between ranks: (\S+) is (\S+) on rank 0 \((\S+)\) and (\S+) on rank 1 "
                      r"\((\S+)\): start every node with the same settings")
@@ -49,7 +56,18 @@ def losses(text) -> dict:
 
 
 def on_both_nodes(baseline, steps) -> dict:
-    return {step: [baseline[step]] * 2 for step in steps}
+    return {step: [baseline.losses[step]] * 2 for step in steps}
+
+
+def tensors(folder) -> dict:
+    return {name: tensor for path in sorted(Path(folder).glob("*.safetensors")) for name, tensor in
+            load_file(path).items()}
+
+
+@dataclass
+class OneNode:
+    losses: dict  # {step: loss as printed}
+    export: Path  # its EXPORT_DIR
 
 
 @pytest.fixture(scope="module")
@@ -69,19 +87,19 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory) -> dict:
-    """{step: loss} of one node with two processes: the global batch of two nodes with one each, the same seed."""
+def baseline(tmp_path_factory) -> OneNode:
+    """One node with two processes: the global batch of two nodes with one each, the same seed."""
     tmp = tmp_path_factory.mktemp("one-node")
     env = {name: value for name, value in os.environ.items() if not name.startswith(("SLURM_", "PET_"))}
     env.update(RUN, NPROC="2", OUTPUT_DIR=str(tmp / "out"), CHECKPOINT_DIR=str(tmp / "checkpoint"),
-               CACHE_DIR=str(tmp / "cache"))
+               CACHE_DIR=str(tmp / "cache"), EXPORT_DIR=str(tmp / "hf"))
     done = subprocess.run([sys.executable, "-m", "entrypoint"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
     text = ANSI.sub("", done.stdout + done.stderr)
     assert done.returncode == 0, text[-3000:]
     found = {step: values[0] for step, values in losses(text).items()}
     assert sorted(found) == list(range(1, STEPS + 1)), text[-3000:]
-    return found
+    return OneNode(found, tmp / "hf")
 
 
 class Job:
@@ -168,7 +186,9 @@ def complete(folder, ranks=(0, 1)) -> bool:
 def test_two_nodes_train_as_one_world_and_scancel_term_stops_both_at_one_step_and_the_requeue_resumes_there(
         cluster, baseline):
     """One world of two ranks, one per node, with the losses of one node with two processes; `scancel
-    --signal=TERM` stops both at one step with one checkpoint; the requeued job resumes there on both nodes."""
+    --signal=TERM` stops both at one step with one checkpoint; the requeued job resumes there on both nodes and
+    exports the model, node 1's shards gathered over the network to node 0, which writes (another node's disk need
+    not be the folder node 0 renames into place): the same folder, tensor for tensor, as one node's."""
     job = Job(cluster, "stopped")
     try:
         ranks = worker_ranks(cluster, job)
@@ -197,8 +217,15 @@ def test_two_nodes_train_as_one_world_and_scancel_term_stops_both_at_one_step_an
     assert losses(first) == on_both_nodes(baseline, range(1, k + 1))  # step for step, as printed
     assert losses(second) == on_both_nodes(baseline, range(k + 1, STEPS + 1))  # the uninterrupted run's losses
     assert complete(job.checkpoint / f"step-{STEPS}")  # both ranks' shards, one from each node
+    exported = job.checkpoint.parent / "hf"
+    assert second.count(f"2 files, 1 writing ranks) to {exported}") == 2, second[-3000:]  # said on both nodes
+    ours, one_node = tensors(exported), tensors(baseline.export)
+    assert len(ours) > 10 and ours.keys() == one_node.keys()
+    assert all(torch.equal(ours[name], one_node[name]) for name in ours)
+    assert (exported / "model.safetensors.index.json").read_text() == \
+        (baseline.export / "model.safetensors.index.json").read_text()
     print(f"\ntwo nodes: ranks {ranks}; stop: both nodes saved step {k}, exit 143, requeued, resumed at {k + 1} on "
-          f"both, finished at {STEPS} with the losses of one node with two processes")
+          f"both, finished at {STEPS} with the losses of one node with two processes and its export")
 
 
 def test_a_node_started_with_another_setting_is_refused_in_one_line_naming_it(cluster):
