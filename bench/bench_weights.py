@@ -3,6 +3,7 @@
     PYTHONPATH=recipes:. .venv/bin/python -m bench.bench_weights            # 3 sizes on 1 and 2 ranks (~12 GB)
     PYTHONPATH=recipes:. .venv/bin/python -m bench.bench_weights --sizes 1b --nproc 2 --max-shard-mb 500
     PYTHONPATH=recipes:. .venv/bin/python -m bench.bench_weights --sizes smoke --nproc 1    # seconds
+    PYTHONPATH=recipes:. .venv/bin/python -m bench.bench_weights --sizes 0.6b --new-only --cold  # reads from disk
 
 Each size and rank count is one torchrun of this file's worker: a random Qwen3 (SIZES) built on meta, every layer and
 the root sharded with FSDP2 (fp32 parameters, as a trainer holds them), then, alternating in one run so load from
@@ -11,8 +12,9 @@ other processes hits every row alike:
 - export: `neuron_qwen3.weights.export` (streamed, sharded.py: every rank writes its own rows), and the export
   before issue 22 (`old_export`: every tensor gathered in fp32 to rank 0, converted and cast whole,
   huggingface_hub's save_torch_state_dict), each timed from a barrier to a barrier;
-- plain read: rank 0 reads the export's files in 64 MiB reads; the page cache is warm (nothing is dropped), so
-  reads measure memory and parsing, not the disk;
+- plain read: rank 0 reads the export's files in 64 MiB reads; the page cache is warm, so reads measure memory
+  and parsing, not the disk, unless `--cold` drops the files from it before each plain read and each load (a
+  fine-tune reads INIT_FROM once, from the disk);
 - INIT_FROM load: torchtitan 0.3.0's HF initial load as DCPCheckpointer.dcp_load(from_hf=True) does it, on every
   rank: to_hf of the sharded state dict, dcp.load with the adapter's HuggingFaceStorageReader, from_hf.
 Memory: each rank's resident set before an export and its peak during it (the kernel's high-water mark, reset
@@ -152,6 +154,18 @@ def plain_write(target: str, size: int, block: bytes) -> None:
                 f.write(block[: min(CHUNK, size - offset)])
 
 
+def evict(folder: str) -> None:
+    """Drop the folder's safetensors from the page cache (written back first: only clean pages can be dropped)."""
+    if dist.get_rank() == 0:
+        for name in os.listdir(folder):
+            if name.endswith(".safetensors"):
+                fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.close(fd)
+    dist.barrier()
+
+
 def plain_read(folder: str, buffer: bytearray) -> None:
     if dist.get_rank() == 0:
         for name in sorted(os.listdir(folder)):
@@ -185,9 +199,13 @@ def worker(args) -> None:
             rows["old export"].append(measured(old_export, trainer, old, dtype))
             if rank == 0:
                 shutil.rmtree(old)
+        if args.cold:
+            evict(source)
         rows["plain read"].append(measured(plain_read, source, buffer))
         with torch.no_grad():
             trainer.model_parts[0].init_weights(buffer_device=None)  # new random weights: the load must bring them
+        if args.cold:
+            evict(source)
         rows["INIT_FROM load"].append(measured(hf_load, trainer, source))
     assert shard_hashes(trainer, dtype) == before, "the loaded weights are not the exported ones"
     everyone = [None] * world
@@ -201,7 +219,7 @@ def report(args, label, parameters, size, files, largest, world, everyone) -> No
     median = {name: statistics.median(r["s"] for r in runs) for name, runs in everyone[0].items() if runs}
     print(f"{args.size} ({label}): {parameters / 1e9:.3f} B parameters, {size / 1e6:.0f} MB of {args.dtype} "
           f"safetensors in {files} file(s) (largest {largest / 1e6:.0f} MB; limit {args.max_shard_mb} MB), "
-          f"{world} rank(s)")
+          f"{world} rank(s), page cache {'dropped before each read' if args.cold else 'warm'}")
     base = {"export": "plain write", "old export": "plain write", "INIT_FROM load": "plain read"}
     for name, seconds in median.items():
         ratio = f"  {median[base[name]] / seconds:5.2f}x {base[name]}" if name in base else ""
@@ -228,6 +246,7 @@ def main() -> None:
     cli.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     cli.add_argument("--max-shard-mb", type=int, default=5000, help="--export.max_shard_mb (default 5000: 5GB)")
     cli.add_argument("--new-only", action="store_true", help="leave out the old export (it holds the model twice)")
+    cli.add_argument("--cold", action="store_true", help="read and load from the disk, not the page cache")
     cli.add_argument("--dir", default=None, help="where the safetensors go (default: a temporary folder)")
     cli.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     cli.add_argument("--size", help=argparse.SUPPRESS)
@@ -246,7 +265,8 @@ def main() -> None:
                                 "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--local-ranks-filter",
                                 "0", "-m", "bench.bench_weights", "--worker", "--size", size, "--dir", root,
                                 "--repeats", str(args.repeats), "--dtype", args.dtype, "--max-shard-mb",
-                                str(args.max_shard_mb), *(["--new-only"] if args.new_only else [])],
+                                str(args.max_shard_mb), *(["--new-only"] if args.new_only else []),
+                                *(["--cold"] if args.cold else [])],
                                env=env, cwd=REPO, check=True)
 
 
