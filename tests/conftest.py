@@ -25,6 +25,14 @@ def worker_env(**extra) -> dict:
     return env
 
 
+def folder_tensors(folder) -> dict:
+    """Every tensor of a Hugging Face model folder's safetensors files, by name."""
+    from safetensors.torch import load_file
+
+    return {name: tensor for path in sorted(Path(folder).glob("*.safetensors")) for name, tensor in
+            load_file(path).items()}
+
+
 def rank_logs(output_dir, tail=2000) -> str:
     """The end of every rank's own stderr log (torchrun's --log-dir, OUTPUT_DIR/torchrun): the console shows rank 0
     only, so a failure of another rank is explained here."""

@@ -12,6 +12,8 @@ import types
 import pytest
 import torch
 
+from conftest import folder_tensors
+
 from neuron_qwen3 import config_registry, sharded, shapes, weights
 
 SHARD = 300_000  # bytes, for the layout's tests
@@ -43,16 +45,6 @@ def expected(run, dtype):
     return weights._adapter(run).to_hf(states)
 
 
-def tensors(folder):
-    from safetensors.torch import load_file
-
-    found = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
-            found.update(load_file(os.path.join(folder, name)))
-    return found
-
-
 @pytest.mark.parametrize("name", ["native_qwen3_smoke", "nki_moe_qwen3_smoke", "v5_qwen3_smoke"])
 def test_shards_are_what_transformers_reads_and_writes(tmp_path, name):
     import transformers
@@ -62,7 +54,7 @@ def test_shards_are_what_transformers_reads_and_writes(tmp_path, name):
     assert weights.export(run) == str(out)
     files = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
     assert files == sorted(layout(run, shard=10**6).files) and len(files) > 1
-    written, want = tensors(out), expected(run, torch.bfloat16)
+    written, want = folder_tensors(out), expected(run, torch.bfloat16)
     assert sorted(written) == sorted(want)  # every expert of every layer, no tied lm_head
     assert all(torch.equal(written[k], want[k]) for k in want)
     index = json.loads((out / "model.safetensors.index.json").read_text())
@@ -105,7 +97,7 @@ def test_a_small_model_is_one_file_without_an_index_and_its_config_names_the_dty
     assert sorted(f for f in os.listdir(tmp_path / "out") if "safetensors" in f) == ["model.safetensors"]
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["torch_dtype"] == config["dtype"] == "float32"  # no source: both names
-    assert all(t.dtype == torch.float32 for t in tensors(tmp_path / "out").values())
+    assert all(t.dtype == torch.float32 for t in folder_tensors(tmp_path / "out").values())
 
 
 @pytest.mark.parametrize("name", ["native_qwen3_smoke", "nki_moe_qwen3_smoke"])

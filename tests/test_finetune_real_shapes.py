@@ -24,7 +24,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ANSI, REPO, STEP_LOSS, worker_env
+from conftest import ANSI, REPO, STEP_LOSS, folder_tensors, worker_env
 
 pytestmark = pytest.mark.training
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -101,16 +101,6 @@ def done(tmp_path_factory):
     return runs(str(tmp_path_factory.mktemp("real-shapes")))
 
 
-def tensors(folder):
-    from safetensors.torch import load_file
-
-    found = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
-            found.update(load_file(os.path.join(folder, name)))
-    return found
-
-
 @pytest.mark.parametrize("name", ["dense", "moe"])
 def test_two_steps_through_the_launcher(done, name):
     _, _, result = done[name]
@@ -149,7 +139,7 @@ def test_config_is_the_sources_field_for_field(done, name):
 @pytest.mark.parametrize("name", ["dense", "moe"])
 def test_every_tensor_comes_back_unchanged(done, name):
     source, export, _ = done[name]
-    before, after = tensors(source), tensors(export)
+    before, after = folder_tensors(source), folder_tensors(export)
     assert sorted(before) == sorted(after)
     for key, value in before.items():
         assert torch.equal(value, after[key]), key

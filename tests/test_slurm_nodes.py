@@ -24,10 +24,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import slurm_cluster
-from conftest import ANSI, REPO, STEP_LOSS
+from conftest import ANSI, REPO, STEP_LOSS, folder_tensors
 from slurm_cluster import alive, job_state
 
 from neuron_qwen3 import checkpoints
@@ -57,11 +56,6 @@ def losses(text) -> dict:
 
 def on_both_nodes(baseline, steps) -> dict:
     return {step: [baseline.losses[step]] * 2 for step in steps}
-
-
-def tensors(folder) -> dict:
-    return {name: tensor for path in sorted(Path(folder).glob("*.safetensors")) for name, tensor in
-            load_file(path).items()}
 
 
 @dataclass
@@ -219,7 +213,7 @@ def test_two_nodes_train_as_one_world_and_scancel_term_stops_both_at_one_step_an
     assert complete(job.checkpoint / f"step-{STEPS}")  # both ranks' shards, one from each node
     exported = job.checkpoint.parent / "hf"
     assert second.count(f"2 files, 1 writing ranks) to {exported}") == 2, second[-3000:]  # said on both nodes
-    ours, one_node = tensors(exported), tensors(baseline.export)
+    ours, one_node = folder_tensors(exported), folder_tensors(baseline.export)
     assert len(ours) > 10 and ours.keys() == one_node.keys()
     assert all(torch.equal(ours[name], one_node[name]) for name in ours)
     assert (exported / "model.safetensors.index.json").read_text() == \

@@ -13,6 +13,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from neuron_qwen3 import shapes
+from neuron_qwen3.data.tokens import IM_END, IM_START
 
 HERE = Path(__file__).parent
 CORPUS = HERE / "corpus" / "train.jsonl"
@@ -25,8 +26,7 @@ EOS = "<|endoftext|>"
 # Qwen3's chat markers are single tokens of its vocabulary, as here: the first two special (decode's
 # skip_special_tokens drops them), the rest plain added tokens (Qwen3 decodes `<think>` as text). A served model
 # ends its turn with the one <|im_end|> token, which generation_config.json makes a stop token as Qwen3's does.
-IM_END = "<|im_end|>"
-SPECIAL_TOKENS = ("<|im_start|>", IM_END)
+SPECIAL_TOKENS = (IM_START, IM_END)
 ADDED_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
 # Qwen3's chat layout (ChatML), written here from its documented behaviour: a system turn carrying the tools,
 # assistant tool calls as <tool_call> JSON, tool results as <tool_response> blocks inside a user turn, and
