@@ -102,6 +102,8 @@ def test_runs_finish_and_export(done):
     for result in (a, b):
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert sorted(losses(a)) == list(range(1, 9)) and sorted(losses(b)) == [1, 2]
+    for result in (a, b):  # INIT_FROM by hf_load.py, not torchtitan's initial load (the round trip below: exact)
+        assert "Loaded the Hugging Face weights of" in result.stdout + result.stderr
 
 
 def test_same_function_as_transformers(done):

@@ -2,7 +2,7 @@
 
 Checkpoints (CHECKPOINT_DIR) hold the adapters, the optimizer (whose state is the adapters' only), the schedule,
 the data position, the train state and `lora_base`, the base's fingerprint. The base is not in them: every start,
-resumed or not, loads it from INIT_FROM through torchtitan's own HF load (`prepare_checkpoints`, before
+resumed or not, loads it from INIT_FROM (weights.load_hf: `prepare_checkpoints`, before
 torchtitan's `checkpointer.load`, whose initial load is then switched off), and a resume refuses a base whose
 fingerprint (the weight files' total size; a SHA-256 of the index, the file list with sizes and 1 MiB at each
 end of each file) differs from the one saved: the adapters only mean something over the base they were trained on.
@@ -117,10 +117,6 @@ def sites(trainer) -> list[Site]:
     return [adapter.site for part in trainer.model_parts for adapter in lora.adapters(part)]
 
 
-def _complete_step(checkpointer) -> int:
-    return checkpointer._find_load_step() if os.path.isdir(checkpointer.folder) else -1
-
-
 def prepare_checkpoints(trainer, settings: LoRASettings) -> None:
     """Before torchtitan's `checkpointer.load`: load the base from INIT_FROM, make checkpoints adapter-only with the
     base's fingerprint, and (INIT_FROM named an adapter, no checkpoint to resume) load that adapter."""
@@ -129,13 +125,12 @@ def prepare_checkpoints(trainer, settings: LoRASettings) -> None:
     if not base:
         raise LoRAError("LoRA trains adapters over a model's weights, and this run loads none: set INIT_FROM")
     logger.info(f"LoRA: loading the frozen base from {base}")
-    base_states = ModelWrapper(trainer.model_parts).state_dict()
-    checkpointer.dcp_load({k: v for k, v in base_states.items() if not lora.is_adapter_key(k)},
-                          checkpoint_id=base, from_hf=True, from_quantized=False)
+    loaded = weights.load_hf(trainer, base, keep=lambda key: not lora.is_adapter_key(key))
+    assert loaded, "LoRA trains on FSDP (and HSDP) only, where every weight is held as whole rows"
     checkpointer.states[MODEL] = AdapterStates(trainer.model_parts)
     checkpointer.states[BASE_STATE] = BaseCheck(base)
     checkpointer.initial_load_path, checkpointer.initial_load_in_hf = None, False  # the base is loaded: no more
-    if settings.adapter and _complete_step(checkpointer) == -1:
+    if settings.adapter and weights.complete_step(checkpointer) == -1:
         load_adapter(trainer, settings.adapter)
 
 

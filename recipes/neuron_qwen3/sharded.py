@@ -120,7 +120,7 @@ def meta_shapes(pieces) -> dict:
 # ---- the layout ------------------------------------------------------------------------------------------------
 
 
-def _unit(adapter, key: str, value, wanted: dict, dtype) -> Unit | None:
+def unit_of(adapter, key: str, value, wanted: dict, dtype) -> Unit | None:
     """The unit of `value` (a meta tensor): which HF tensors to_hf makes of it, and whether they are its slices
     (told by the views to_hf returns: a rename is the tensor itself, the expert split is torch.split views)."""
     out = {name: tensor for name, tensor in adapter.to_hf({key: value}).items() if name in wanted}
@@ -156,7 +156,7 @@ def plan(adapter, shapes: dict, dtype, max_shard_bytes: int) -> Layout:
     checkpoint tensors."""
     meta = {key: torch.empty(value.shape, dtype=value.dtype, device="meta") for key, value in shapes.items()}
     wanted = adapter.to_hf(dict(meta))  # the whole model at once: what the export holds (no tied lm_head)
-    units = [u for u in (_unit(adapter, key, value, wanted, dtype) for key, value in meta.items()) if u]
+    units = [u for u in (unit_of(adapter, key, value, wanted, dtype) for key, value in meta.items()) if u]
     missing = set(wanted) - {entry.name for unit in units for entry in unit.entries}
     if missing:
         raise CoverageError(f"{type(adapter).__name__} does not convert tensor by tensor: {sorted(missing)[:3]} "

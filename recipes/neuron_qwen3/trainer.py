@@ -213,6 +213,8 @@ class RunHooks(Trainer):
             weights.check_coverage(self)  # before the initial load reads Hugging Face keys
             if self.lora:
                 lora_io.prepare_checkpoints(self, self.lora)  # the base from INIT_FROM; checkpoints hold adapters
+            else:
+                weights.initial_load(self)  # INIT_FROM, every rank its own rows (torchtitan's: every attention whole)
             try:
                 super().train()
             except divergence.Diverged as diverged:

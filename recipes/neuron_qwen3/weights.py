@@ -1,8 +1,11 @@
 """INIT_FROM and EXPORT_DIR: Hugging Face safetensors in and out through torchtitan's own state-dict adapters.
 
-Loading is torchtitan's: the launcher passes `--checkpoint.initial_load_path <abs> --checkpoint.initial_load_in_hf
---checkpoint.initial_load_model_only` and the checkpointer reads the folder through the model's adapter (the native
-Qwen3 adapter, dense and MoE, or the transformers backend's prefix adapter). This module adds what 0.3.0 leaves out:
+The launcher passes `--checkpoint.initial_load_path <abs> --checkpoint.initial_load_in_hf
+--checkpoint.initial_load_model_only`, and the folder is read through the model's adapter (the native Qwen3
+adapter, dense and MoE, or the transformers backend's prefix adapter). This module adds what 0.3.0 leaves out:
+
+- `initial_load`: torchtitan's initial HF load gathers every layer's attention weights whole on every rank; it is
+  done by hf_load.py instead, every rank reading its own rows (torchtitan's still loads a TP or EP model).
 
 - `check_coverage`: every parameter of the model must survive `from_hf(to_hf(...))`. The Qwen3 adapter's `to_hf`
   skips keys it does not know without a word (upstream PR #3626): a load would leave those weights random and an
@@ -19,12 +22,12 @@ Qwen3 adapter, dense and MoE, or the transformers backend's prefix adapter). Thi
 import json
 import os
 import shutil
+import time
 
-import torch
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.tools.logging import logger
 
-from neuron_qwen3 import sharded
+from neuron_qwen3 import hf_load, sharded
 from neuron_qwen3.lora import is_adapter_key
 from neuron_qwen3.sharded import CoverageError, ExportError  # noqa: F401 (raised from here too)
 
@@ -49,6 +52,34 @@ def hf_compatible(config) -> None:
         moe = getattr(layer, "moe", None)
         if moe is not None and moe.load_balance_coeff is not None:
             moe.load_balance_coeff = None
+
+
+def complete_step(checkpointer) -> int:
+    """The newest complete checkpoint in checkpoint.folder, which torchtitan resumes instead of the initial load;
+    -1: none."""
+    return checkpointer._find_load_step() if os.path.isdir(checkpointer.folder) else -1
+
+
+def load_hf(trainer, folder: str, keep=lambda key: True) -> bool:
+    """`folder`'s safetensors into the model (the keys `keep` accepts), every rank its own rows (hf_load.py); False,
+    nothing read, for a model with weights not held as whole rows. Every rank must call it."""
+    begin = time.monotonic()
+    if not hf_load.load(trainer.model_parts, trainer.checkpointer.sd_adapter, folder, keep):
+        return False
+    logger.info(f"Loaded the Hugging Face weights of {folder} in {time.monotonic() - begin:.2f} s, every rank its "
+                "own rows (torchtitan's checkpointer, with no checkpoint to resume, then calls it a fresh start)")
+    return True
+
+
+def initial_load(trainer) -> None:
+    """Before torchtitan's `checkpointer.load`: its initial HF load (INIT_FROM) done by `load_hf`, and then switched
+    off, unless a complete checkpoint is there to resume (it wins, as in torchtitan) or the load is quantized."""
+    checkpointer = trainer.checkpointer  # without --checkpoint.enable, a manager with no initial load at all
+    if not (checkpointer.enable and checkpointer.initial_load_in_hf and checkpointer.initial_load_path) or \
+            checkpointer.initial_load_in_hf_quantized or complete_step(checkpointer) != -1:
+        return
+    if load_hf(trainer, checkpointer.initial_load_path):
+        checkpointer.initial_load_path, checkpointer.initial_load_in_hf = None, False
 
 
 def check_coverage(trainer) -> None:
