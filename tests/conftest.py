@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,13 @@ def run_scenario(name: str, *args: str, nproc: int = 1, timeout: int = 300) -> s
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", script, *args]
     return subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def run_scenarios(name: str, *modes: str, nproc: int = 1) -> list:
+    """run_scenario(name, mode) for each mode, all at once: independent fresh interpreters, whose imports (most of
+    their time, one core each) then share the cores."""
+    with ThreadPoolExecutor(len(modes)) as pool:
+        return list(pool.map(lambda mode: run_scenario(name, mode, nproc=nproc), modes))
 
 
 def _transformers_originals() -> list:

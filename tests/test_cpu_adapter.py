@@ -1,6 +1,6 @@
 """Each CPU-adapter patch: the upstream failure it works around, and that the patch removes it.
 
-Every scenario runs twice in fresh interpreters: without the adapter it must fail the way
+Every scenario runs twice in fresh interpreters, at once: without the adapter it must fail the way
 torchtitan 0.3.0 fails on CPU (if upstream fixes it, the test says the patch can go), and with
 the adapter it must work. Run: .venv/bin/python -m pytest tests/test_cpu_adapter.py
 """
@@ -9,15 +9,14 @@ import re
 
 import pytest
 
-from conftest import RECIPES, run_scenario
+from conftest import run_scenarios
 
 
 
 @pytest.mark.training
 def test_device_is_cpu_only_with_adapter():
-    upstream = run_scenario("device_selection", "upstream")
+    upstream, patched = run_scenarios("device_selection", "upstream", "patched")
     assert upstream.returncode != 0 and "NVIDIA driver" in upstream.stderr + upstream.stdout
-    patched = run_scenario("device_selection", "patched")
     assert patched.returncode == 0, patched.stderr
     assert "device_type=cpu copied=cpu local_device=cpu:0" in patched.stdout
     peak = float(re.search(r"peak_gib=([\d.]+)", patched.stdout).group(1))
@@ -26,9 +25,8 @@ def test_device_is_cpu_only_with_adapter():
 
 @pytest.mark.training
 def test_native_attention_backward_on_cpu():
-    upstream = run_scenario("flex_attention_backward", "upstream")
+    upstream, patched = run_scenarios("flex_attention_backward", "upstream", "patched")
     assert upstream.returncode != 0 and "does not support backward on CPU" in upstream.stderr
-    patched = run_scenario("flex_attention_backward", "patched")
     assert patched.returncode == 0, patched.stderr
     err = float(re.search(r"max_abs_err=(\S+)", patched.stdout).group(1))
     assert err < 1e-5 and "grad_finite=True" in patched.stdout
@@ -37,18 +35,16 @@ def test_native_attention_backward_on_cpu():
 
 @pytest.mark.training
 def test_transformers_backend_attention_on_cpu():
-    upstream = run_scenario("hf_flex_attention", "upstream")
+    upstream, patched = run_scenarios("hf_flex_attention", "upstream", "patched")
     assert upstream.returncode != 0 and "FlexAttention does not support backward on CPU" in upstream.stderr
-    patched = run_scenario("hf_flex_attention", "patched")
     assert patched.returncode == 0, patched.stderr
     assert float(re.search(r"max_abs_err=(\S+)", patched.stdout).group(1)) < 1e-5
 
 
 @pytest.mark.training
 def test_fsdp_gradient_reduction_over_gloo():
-    upstream = run_scenario("fsdp_gloo", "upstream", nproc=2)
+    upstream, patched = run_scenarios("fsdp_gloo", "upstream", "patched", nproc=2)
     assert upstream.returncode != 0 and "PREMUL_SUM" in upstream.stdout + upstream.stderr
-    patched = run_scenario("fsdp_gloo", "patched", nproc=2)
     assert patched.returncode == 0, patched.stderr[-2000:]
     assert "grad ok rank=0" in patched.stdout and "grad ok rank=1" in patched.stdout
 
