@@ -15,8 +15,9 @@ other processes hits every row alike:
 - plain read: rank 0 reads the export's files in 64 MiB reads; the page cache is warm, so reads measure memory
   and parsing, not the disk, unless `--cold` drops the files from it before each plain read and each load (a
   fine-tune reads INIT_FROM once, from the disk);
-- INIT_FROM load: torchtitan 0.3.0's HF initial load as DCPCheckpointer.dcp_load(from_hf=True) does it, on every
-  rank: to_hf of the sharded state dict, dcp.load with the adapter's HuggingFaceStorageReader, from_hf.
+- INIT_FROM load: `neuron_qwen3.hf_load.load` (every rank copies its own rows from the memory-mapped files), and
+  torchtitan 0.3.0's HF initial load (`torchtitan load`), as DCPCheckpointer.dcp_load(from_hf=True) does it on
+  every rank: to_hf of the sharded state dict, dcp.load with the adapter's HuggingFaceStorageReader, from_hf.
 Memory: each rank's resident set before an export and its peak during it (the kernel's high-water mark, reset
 first through /proc/self/clear_refs); the workers run with MALLOC_MMAP_THRESHOLD_=1 MiB, so glibc returns every
 freed tensor to the kernel and the resident set is what is live, not what malloc kept. The loaded weights are
@@ -47,7 +48,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.components.checkpoint import ModelWrapper
 from torchtitan.models.qwen3 import model_registry
 
-from neuron_qwen3 import config_registry, shapes, weights
+from neuron_qwen3 import config_registry, hf_load, shapes, weights
 
 REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 CHUNK = 64 << 20
@@ -113,7 +114,12 @@ def own_storage(tensor):
     return tensor.clone() if tensor.untyped_storage().nbytes() != tensor.nbytes else tensor
 
 
-def hf_load(trainer, folder: str) -> None:
+def own_load(trainer, folder: str) -> None:
+    adapter = trainer.config.model_spec.state_dict_adapter(trainer.model_config, None)
+    assert hf_load.load(trainer.model_parts, adapter, folder)
+
+
+def torchtitan_load(trainer, folder: str) -> None:
     """torchtitan's DCPCheckpointer.dcp_load(from_hf=True)."""
     wrapper = ModelWrapper(trainer.model_parts)
     adapter = trainer.config.model_spec.state_dict_adapter(trainer.model_config, None)
@@ -136,15 +142,23 @@ def memory_kib(field: str) -> int:
         return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M)[1])
 
 
+def disk_read_bytes() -> int:
+    """Bytes this process has had read from storage (page cache misses, by read() or by page faults of a map)."""
+    with open("/proc/self/io") as f:
+        return int(re.search(r"^read_bytes: (\d+)", f.read(), re.M)[1])
+
+
 def measured(fn, *args) -> dict:
-    """Seconds from a barrier to a barrier, and this rank's resident set before and peak during `fn`."""
+    """Seconds from a barrier to a barrier, this rank's resident set before and peak during `fn`, and the bytes
+    it read from the disk."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current resident set
     dist.barrier()
-    before, start = memory_kib("VmRSS"), time.perf_counter()
+    before, read, start = memory_kib("VmRSS"), disk_read_bytes(), time.perf_counter()
     fn(*args)
     dist.barrier()
-    return {"s": time.perf_counter() - start, "rss": before << 10, "peak": memory_kib("VmHWM") << 10}
+    return {"s": time.perf_counter() - start, "rss": before << 10, "peak": memory_kib("VmHWM") << 10,
+            "disk": disk_read_bytes() - read}
 
 
 def plain_write(target: str, size: int, block: bytes) -> None:
@@ -189,7 +203,8 @@ def worker(args) -> None:
     shards = [os.path.getsize(os.path.join(source, n)) for n in os.listdir(source) if n.endswith(".safetensors")]
     size, files, largest = sum(shards), len(shards), max(shards)
     buffer, block = bytearray(CHUNK), os.urandom(1 << 20) * (CHUNK >> 20)
-    rows = {"plain write": [], "export": [], "old export": [], "plain read": [], "INIT_FROM load": []}
+    rows = {"plain write": [], "export": [], "old export": [], "plain read": [], "INIT_FROM load": [],
+            "torchtitan load": []}
     for _ in range(args.repeats):
         rows["plain write"].append(measured(plain_write, os.path.join(root, "plain.bin"), size, block))
         if rank == 0:
@@ -202,12 +217,13 @@ def worker(args) -> None:
         if args.cold:
             evict(source)
         rows["plain read"].append(measured(plain_read, source, buffer))
-        with torch.no_grad():
-            trainer.model_parts[0].init_weights(buffer_device=None)  # new random weights: the load must bring them
-        if args.cold:
-            evict(source)
-        rows["INIT_FROM load"].append(measured(hf_load, trainer, source))
-    assert shard_hashes(trainer, dtype) == before, "the loaded weights are not the exported ones"
+        for name, load in (("INIT_FROM load", own_load), ("torchtitan load", torchtitan_load)):
+            with torch.no_grad():
+                trainer.model_parts[0].init_weights(buffer_device=None)  # new random weights: the load brings them
+            if args.cold:
+                evict(source)
+            rows[name].append(measured(load, trainer, source))
+            assert shard_hashes(trainer, dtype) == before, f"{name}: the loaded weights are not the exported ones"
     everyone = [None] * world
     dist.all_gather_object(everyone, rows)
     if rank == 0:
@@ -220,11 +236,12 @@ def report(args, label, parameters, size, files, largest, world, everyone) -> No
     print(f"{args.size} ({label}): {parameters / 1e9:.3f} B parameters, {size / 1e6:.0f} MB of {args.dtype} "
           f"safetensors in {files} file(s) (largest {largest / 1e6:.0f} MB; limit {args.max_shard_mb} MB), "
           f"{world} rank(s), page cache {'dropped before each read' if args.cold else 'warm'}")
-    base = {"export": "plain write", "old export": "plain write", "INIT_FROM load": "plain read"}
+    base = {"export": "plain write", "old export": "plain write", "INIT_FROM load": "plain read",
+            "torchtitan load": "plain read"}
     for name, seconds in median.items():
         ratio = f"  {median[base[name]] / seconds:5.2f}x {base[name]}" if name in base else ""
         print(f"  {name:<15} {seconds:7.3f} s {size / seconds / 1e9:7.3f} GB/s{ratio}")
-    for name in ("export", "old export", "INIT_FROM load"):
+    for name in ("export", "old export", "INIT_FROM load", "torchtitan load"):
         if not everyone[0][name]:
             continue
         ranks = []
@@ -233,6 +250,10 @@ def report(args, label, parameters, size, files, largest, world, everyone) -> No
             extra = max(r["peak"] - r["rss"] for r in rows[name])
             ranks.append(f"rank {rank} {rss / 1e6:.0f} + {extra / 1e6:.0f} MB")
         print(f"  {name + ' memory':<22} resident before + peak extra during: {'; '.join(ranks)}")
+    if args.cold:
+        for name in ("plain read", "INIT_FROM load", "torchtitan load"):
+            read = [max(r["disk"] for r in rows[name]) / 1e6 for rows in everyone]
+            print(f"  {name + ' disk':<22} MB read from the disk, per rank: {', '.join(f'{mb:.0f}' for mb in read)}")
     peaks = {name: [max(r["peak"] - r["rss"] for r in rows[name]) for rows in everyone] for name in median}
     print(json.dumps({"size": args.size, "ranks": world, "bytes": size, "files": files, "largest": largest,
                       "median_s": median, "peak_extra_bytes": peaks}))
