@@ -262,45 +262,58 @@ def test_the_article_command_typed_by_hand_saves_on_sigterm_too(tmp):
     assert summary["end"] == "stopped" and summary["config"] == "native_qwen3_smoke" and summary["processes"] == 2
 
 
-def three_windows(tmp) -> str:
-    """Texts of the smoke corpus that pack into exactly 3 windows of the smoke config: with local batch 2, EPOCHS=3
-    is 9 windows = 5 steps, and the stop at step 2 lands in the middle of epoch 2 (windows 3-5)."""
+EPOCH_WINDOWS, EPOCHS, EPOCH_SIGNAL_AFTER = 11, 3, 6  # 33 windows = 17 steps of 2; step 6 reads windows 11 and 12
+
+
+def eleven_windows(tmp) -> str:
+    """Texts of the smoke corpus that pack into exactly 11 windows of the smoke config. With local batch 2 and
+    EPOCHS=3 that is 33 windows = 17 steps (the last one padded): step 6 reads the last window of epoch 1 and the
+    first of epoch 2, step 11 its last two, so a stop at any of steps 6-10 lands in the middle of epoch 2. The
+    signal goes after step 6's loss is logged; the slack of four steps is for a slow machine's signal delivery.
+    An epoch's summary line comes when the next window is asked for, so the third epoch is there to show the
+    second one's."""
     from neuron_qwen3 import config_registry
     from neuron_qwen3.data.packing import windows
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(config_registry.SMOKE_TOKENIZER))
-    texts = [json.loads(line)["text"] for line in (config_registry.SMOKE_CORPUS / "train.jsonl").open()][:20]
+    texts = [json.loads(line)["text"] for line in (config_registry.SMOKE_CORPUS / "train.jsonl").open()][:60]
     for k in range(1, len(texts)):
         lengths = [[len(tokenizer.encode(t, add_bos=True, add_eos=True)) - 1] for t in texts[:k]]
-        if windows(lengths, 256, whole=False) == 3:
-            with open(f"{tmp}/three.jsonl", "w") as f:
+        if windows(lengths, 256, whole=False) == EPOCH_WINDOWS:
+            with open(f"{tmp}/eleven.jsonl", "w") as f:
                 f.writelines(json.dumps({"text": t}) + "\n" for t in texts[:k])
-            return f"{tmp}/three.jsonl"
-    raise AssertionError("no prefix of the corpus packs into 3 windows")
+            return f"{tmp}/eleven.jsonl"
+    raise AssertionError(f"no prefix of the corpus packs into {EPOCH_WINDOWS} windows")
 
 
 @functools.cache
 def epoch_runs(tmp):
-    data = three_windows(tmp)
+    data = eleven_windows(tmp)
 
-    def env(name):
-        found = {**env_for(tmp, f"epochs-{name}", "native", 1), "EPOCHS": "3", "DATASET": data}
+    def env(name):  # an interval beyond the run: the stop's save is the only checkpoint the restart can load
+        found = {**env_for(tmp, f"epochs-{name}", "native", 1), "EPOCHS": str(EPOCHS), "DATASET": data,
+                 "CHECKPOINT_INTERVAL": "100"}
         del found["STEPS"]
         return found
 
-    return launch(env("baseline")), launch(env("stopped"), stop_after=SIGNAL_AFTER), launch(env("stopped"))
+    return (launch(env("baseline")), launch(env("stopped"), stop_after=EPOCH_SIGNAL_AFTER),
+            launch(env("stopped")))
 
 
 def test_a_stop_in_the_middle_of_epoch_2_resumes_there_with_the_same_losses(tmp):
     (base_status, base_out, *_), (status, stopped_out, *_), (resumed_status, resumed_out, *_) = epoch_runs(tmp)
+    steps = -(-EPOCHS * EPOCH_WINDOWS // 2)
     assert base_status == 0, explain(base_out)
-    assert "data: 3 epochs = 5 steps of 2 sequences" in ANSI.sub("", base_out)
-    assert sorted(losses(base_out)) == [1, 2, 3, 4, 5]  # the run ends after 3 epochs
-    assert status == 143 and int(STOPPED_AT.search(stopped_out)[1]) == 2, explain(stopped_out)
+    assert f"data: {EPOCHS} epochs = {steps} steps of 2 sequences" in ANSI.sub("", base_out)
+    assert sorted(losses(base_out)) == list(range(1, steps + 1))  # the run ends after the epochs
+    stop = STOPPED_AT.search(stopped_out)
+    assert status == 143 and stop, explain(stopped_out)
+    k = int(stop[1])
+    assert EPOCH_SIGNAL_AFTER <= k < EPOCH_WINDOWS, f"stopped at step {k}: not in the middle of epoch 2"
     assert "data: epoch 0 read" in stopped_out and "data: epoch 1 read" not in stopped_out  # it stopped in epoch 2
     assert resumed_status == 0, explain(resumed_out)
-    assert "Training starts at step 3" in ANSI.sub("", resumed_out)
+    assert f"Training starts at step {k + 1}" in ANSI.sub("", resumed_out)
     assert "data: epoch 0 read" not in resumed_out and "data: epoch 1 read" in resumed_out  # and resumed in it
     assert "data: epoch 2 read" in resumed_out
     baseline = losses(base_out)
