@@ -16,9 +16,14 @@ from conftest import ANSI, REPO, STEP_LOSS, worker_env
 from neuron_qwen3 import checkpoints, divergence
 
 # A user's recipes module: the smoke trainer, whose logged loss is multiplied by `inject_factor` at `inject_step`
-# (the weights are not touched: the stop, not the damage, is under test).
+# (the weights are not touched: the stop, not the damage, is under test). Its exit handler, registered at import,
+# before the trainer's teardown.py, runs after it and says whether the process group was destroyed.
 INJECTING = '''
+import atexit
+import sys
 from dataclasses import dataclass
+
+import torch.distributed as dist
 
 from neuron_qwen3 import config_registry
 from neuron_qwen3.trainer import Qwen3Trainer
@@ -37,6 +42,11 @@ class Injecting(Qwen3Trainer):
 
 def injected_smoke():
     return config_registry._as(config_registry.native_qwen3_smoke(), Injecting.Config)
+
+
+@atexit.register
+def say_process_group():
+    print(f"at exit: process group {'alive' if dist.is_initialized() else 'destroyed'}", file=sys.stderr, flush=True)
 '''
 
 
@@ -126,6 +136,8 @@ def test_a_nan_stops_the_run_in_one_line_and_the_newest_checkpoint_is_the_last_g
     assert not (tmp_path / "checkpoint" / f"step-{INJECT_AT}").exists()
     summary = (tmp_path / "out" / "report" / "summary.json").read_text()
     assert '"end": "failed"' in summary and f"Diverged: divergence: step {INJECT_AT}" in summary
+    # destroyed before interpreter finalization, where gloo's threads now and then abort the exit (teardown.py)
+    assert lines_of(output, "at exit: process group") == ["[rank0]:at exit: process group destroyed"], output[-3000:]
 
 
 @pytest.mark.training
@@ -136,3 +148,4 @@ def test_a_spike_is_one_warning_with_nan_policy_warn_and_the_run_finishes(tmp_pa
     assert len(warned) == 1 and re.search(rf"divergence: step {INJECT_AT}: the loss \S+ jumped above .*: going on "
                                           r"\(NAN_POLICY=warn\)$", warned[0]), warned
     assert checkpoints.scan(tmp_path / "checkpoint").latest == STEPS
+    assert lines_of(output, "at exit: process group") == ["[rank0]:at exit: process group destroyed"]

@@ -20,7 +20,7 @@ import tyro
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
-from neuron_qwen3 import data, devices, divergence, lora, lora_io, report, same_config, stop, tuning, weights
+from neuron_qwen3 import data, devices, divergence, lora, lora_io, report, same_config, stop, teardown, tuning, weights
 
 # The override.imports entry that swaps the nki_moe experts (moe/experts.py), named here without importing it: a
 # torchtitan without the override registry still runs the other variants.
@@ -229,6 +229,7 @@ class RunHooks(Trainer):
         """torchtitan's, then EPOCHS (training.steps from the packed data) and the fine-tuning knobs, whose warm-up
         is a fraction of those steps: after torchtitan's Trainer calls this, it builds the optimizer and schedule."""
         dims = super().init_distributed()
+        teardown.at_exit()  # every exit path destroys the process groups (teardown.py)
         same_config.check_same_config(self.config)  # every rank the same config, before anything is built from it
         loader = self.config.dataloader
         if isinstance(loader, data.DataLoader.Config) and loader.epochs:
