@@ -38,7 +38,8 @@ pytestmark = pytest.mark.training
 
 STOPPED_AT = re.compile(r"stop: SIGTERM at step (\d+): saved step-\d+")
 STEPS, INTERVAL, SIGNAL_AFTER = 6, 3, 1
-STOP_GRACE = int({var.name: var.default for var in contract.VARS}["STOP_GRACE"])  # the user's bound: the step in flight and the save fit in it
+# the user's bound: the step in flight and the save fit in it
+STOP_GRACE = int({var.name: var.default for var in contract.VARS}["STOP_GRACE"])
 # (variant, processes, LoRA), each on 2 ranks (FSDP: every rank saves its shards, all agree on the stop step).
 # nki_moe resumes with LoRA over its experts (its NKI experts' forward and backward in every step); LoRA's
 # checkpoints hold adapters and optimizer only, its base loads from INIT_FROM. One rank: the epochs case below.

@@ -125,7 +125,8 @@ def plans(part, adapter, keep) -> list | None:
         if len(names) == 1:
             found.append((local, first, [Run(names[0], tuple(value.shape), 0, 0, value.shape[0])]))
         else:  # one Hugging Face tensor per row (the experts)
-            found.append((local, first, [Run(name, tuple(value.shape[1:]), row, whole=True) for row, name in enumerate(names)]))
+            runs = [Run(name, tuple(value.shape[1:]), row, whole=True) for row, name in enumerate(names)]
+            found.append((local, first, runs))
     return found
 
 
