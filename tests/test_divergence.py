@@ -17,7 +17,8 @@ from neuron_qwen3 import checkpoints, divergence
 
 # A user's recipes module: the smoke trainer, whose logged loss is multiplied by `inject_factor` at `inject_step`
 # (the weights are not touched: the stop, not the damage, is under test). Its exit handler, registered at import,
-# before the trainer's teardown.py, runs after it and says whether the process group was destroyed.
+# before the trainer's teardown.py, runs after it and says whether the process group was destroyed and how many
+# trainers are still alive.
 INJECTING = '''
 import atexit
 import sys
@@ -46,7 +47,11 @@ def injected_smoke():
 
 @atexit.register
 def say_process_group():
-    print(f"at exit: process group {'alive' if dist.is_initialized() else 'destroyed'}", file=sys.stderr, flush=True)
+    import gc
+
+    trainers = sum(Qwen3Trainer in type(o).__mro__ for o in gc.get_objects())  # the trainer's cycles, collected?
+    print(f"at exit: process group {'alive' if dist.is_initialized() else 'destroyed'}, {trainers} trainers",
+          file=sys.stderr, flush=True)
 '''
 
 
@@ -137,7 +142,8 @@ def test_a_nan_stops_the_run_in_one_line_and_the_newest_checkpoint_is_the_last_g
     summary = (tmp_path / "out" / "report" / "summary.json").read_text()
     assert '"end": "failed"' in summary and f"Diverged: divergence: step {INJECT_AT}" in summary
     # destroyed before interpreter finalization, where gloo's threads now and then abort the exit (teardown.py)
-    assert lines_of(output, "at exit: process group") == ["[rank0]:at exit: process group destroyed"], output[-3000:]
+    exits = lines_of(output, "at exit: process group")
+    assert exits == ["[rank0]:at exit: process group destroyed, 0 trainers"], output[-3000:]
 
 
 @pytest.mark.training
@@ -148,4 +154,4 @@ def test_a_spike_is_one_warning_with_nan_policy_warn_and_the_run_finishes(tmp_pa
     assert len(warned) == 1 and re.search(rf"divergence: step {INJECT_AT}: the loss \S+ jumped above .*: going on "
                                           r"\(NAN_POLICY=warn\)$", warned[0]), warned
     assert checkpoints.scan(tmp_path / "checkpoint").latest == STEPS
-    assert lines_of(output, "at exit: process group") == ["[rank0]:at exit: process group destroyed"]
+    assert lines_of(output, "at exit: process group") == ["[rank0]:at exit: process group destroyed, 0 trainers"]

@@ -5,9 +5,13 @@ record (2) or an exception leave them to interpreter finalization, where gloo's 
 the interpreter: now and then the process then aborts ("terminate called without an active exception", SIGABRT)
 and torchrun reports a failed run (pytorch/pytorch#190489; the atexit fix upstream, pytorch/pytorch#179291, was
 abandoned). The save-on-stop group is gloo on every device. An atexit handler runs while the interpreter is whole.
+Destroying the groups is not all: the trainer (its model's FSDP states and device mesh, which hold them) sits in
+reference cycles that only the collector frees, which without the handler happens during finalization too, after
+a normal finish as well; the handler collects it first.
 """
 
 import atexit
+import gc
 
 import torch.distributed as dist
 
@@ -15,6 +19,7 @@ import torch.distributed as dist
 def destroy_process_groups() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+    gc.collect()
 
 
 def at_exit() -> None:
