@@ -21,6 +21,7 @@ from neuron_qwen3 import checkpoints, divergence
 # trainers are still alive.
 INJECTING = '''
 import atexit
+import gc
 import sys
 from dataclasses import dataclass
 
@@ -47,8 +48,6 @@ def injected_smoke():
 
 @atexit.register
 def say_process_group():
-    import gc
-
     trainers = sum(Qwen3Trainer in type(o).__mro__ for o in gc.get_objects())  # the trainer's cycles, collected?
     print(f"at exit: process group {'alive' if dist.is_initialized() else 'destroyed'}, {trainers} trainers",
           file=sys.stderr, flush=True)
