@@ -74,12 +74,20 @@ def dry_run(resolved, settings, environ) -> int:
     return 0
 
 
+def fetch_env(environ) -> dict:
+    """The asset child's environment: the only process that gets HF_TOKEN (a secret made from a file ends in a
+    newline)."""
+    env = {name: value for name, value in environ.items() if name not in contract.SECRETS}
+    return {**env, **({"HF_TOKEN": environ["HF_TOKEN"].strip()} if environ.get("HF_TOKEN") else {})}
+
+
 def check(resolved, settings, environ, root) -> int:
-    absent = preflight.missing_assets(resolved, settings)
-    findings = preflight.run(resolved, settings, environ, absent, root)
-    pending = settings.init_from == "hub" and bool(absent)  # fetched at launch: nothing to read yet
+    findings = preflight.run(resolved, settings, environ, root)
+    fetched = subprocess.run(preflight.fetch_argv(resolved, settings, check=True),
+                             env=fetch_env(environ)).returncode if resolved.assets else 0
+    pending = settings.init_from == "hub" and fetched == 3  # the weights come at launch: nothing to read yet
     more, answer = preflight.recipes_pass(resolved, settings, environ, check_files=not pending)
-    code = reported(findings + more, settings, environ)
+    code = reported(findings + more, settings, environ) or (2 if fetched not in (0, 3) else 0)
     for line in answer.get("lines", ()):
         say(line, environ, sys.stdout)
     say(f"check: {'the launch would start' if not code else 'the launch would stop'}: {resolved.config} on "
@@ -92,22 +100,13 @@ def prepare(resolved, settings, environ, root, leases) -> int:
     the checkpoint folder is appended to `leases`, for main to release."""
     from entrypoint import lease
 
-    absent = preflight.missing_assets(resolved, settings)  # decided once: for the checks and for the fetch
-    code = reported(preflight.run(resolved, settings, environ, absent, root), settings, environ)
+    findings = preflight.run(resolved, settings, environ, root)  # warnings after the fetch: a failure comes alone
+    code = reported([f for f in findings if f.fatal], settings, environ)
+    if not code and resolved.assets:
+        code = launch.run(preflight.fetch_argv(resolved, settings), fetch_env(environ), settings.stop_grace)
     if code:
         return code
-    if absent:
-        env = {name: value for name, value in environ.items() if name not in contract.SECRETS}
-        if environ.get("HF_TOKEN"):  # the only process that needs it; a secret made from a file ends in a newline
-            env["HF_TOKEN"] = environ["HF_TOKEN"].strip()
-        code = launch.run(preflight.fetch_argv(resolved, settings), env, settings.stop_grace)
-        still = [] if code else preflight.missing_assets(resolved, settings)
-        if still:
-            say(f"{resolved.model} was fetched into {resolved.assets} but has no {', '.join(still)}", environ)
-        if code or still:
-            return code or 1
-    elif resolved.assets:
-        say(f"assets: {resolved.assets} has {', '.join(preflight.ASSETS)}: not fetching", environ, sys.stdout)
+    reported([f for f in findings if not f.fatal], settings, environ)
     if resolved.checkpoint_dir and resolved.rendezvous.node_rank == 0:
         leases.append(lease.Lease(resolved.checkpoint_dir, settings.rdzv_id or settings.slurm_job_id))
         taken_over = leases[-1].take()

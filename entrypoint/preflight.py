@@ -28,10 +28,6 @@ MANY_PROCESSES = 16  # below it, the 65536 open files that 64 ranks need cannot 
 # Device memory per logical NeuronCore on trn2 (96 GiB per device) by NEURON_LOGICAL_NC_CONFIG.
 NEURON_GIB_PER_CORE = {1: 12, 2: 24}
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
-# Full scale: the files training reads from the assets folder; also fetched when the repo has them; INIT_FROM=hub.
-ASSETS = ("config.json", "tokenizer.json", "tokenizer_config.json")
-OPTIONAL_ASSETS = ("generation_config.json", "vocab.json", "merges.txt")
-WEIGHTS = ("*.safetensors", "model.safetensors.index.json")
 CACHE_VARS = sorted({name for per_kind in CACHE_VARS_BY_KIND.values() for name in per_kind})
 
 
@@ -148,13 +144,13 @@ def _writable(path):
         return f"is not writable: {error.strerror or type(error).__name__}"
 
 
-def writable(plan: Plan, settings: Settings, environ, fetching: bool) -> list:
-    """Every directory the run writes: compile caches (as the workers will see them), checkpoints, outputs."""
+def writable(plan: Plan, settings: Settings, environ) -> list:
+    """Every directory the run writes: compile caches (as the workers will see them), checkpoints, outputs (the
+    assets folder: the fetch child's)."""
     env = {**environ, **plan.env}
     dirs = [(name, env[name]) for name in CACHE_VARS if name in env and "://" not in env[name]]
     dirs += [("CHECKPOINT_DIR", plan.checkpoint_dir)] if plan.checkpoint_dir else []
     dirs += [("OUTPUT_DIR", settings.output_dir)]
-    dirs += [("ASSETS_DIR", plan.assets)] if fetching else []
     findings = []
     for name, path in dirs:
         why = _writable(path)
@@ -164,43 +160,12 @@ def writable(plan: Plan, settings: Settings, environ, fetching: bool) -> list:
     return findings
 
 
-def weights_present(folder) -> bool:
-    """Every shard model.safetensors.index.json names, else at least one *.safetensors."""
-    try:
-        with open(os.path.join(folder, "model.safetensors.index.json")) as f:
-            shards = set(json.load(f)["weight_map"].values())
-    except FileNotFoundError:
-        return os.path.isdir(folder) and any(name.endswith(".safetensors") for name in os.listdir(folder))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-    return all(os.path.isfile(os.path.join(folder, name)) for name in shards)
-
-
-def missing(folder, weights=False) -> list:
-    """The files training reads that `folder` lacks (huggingface_hub writes each under a temporary name, then
-    renames); with `weights`, also the safetensors (every shard the index names)."""
-    absent = [name for name in ASSETS if not os.path.isfile(os.path.join(folder, name))]
-    return absent + (["*.safetensors"] if weights and not weights_present(folder) else [])
-
-
-def missing_assets(plan: Plan, settings: Settings) -> list:
-    """What the full-scale assets folder lacks (weights too with INIT_FROM=hub): decided once, by the caller of run."""
-    return missing(plan.assets, weights=settings.init_from == "hub") if plan.assets else []
-
-
-def fetch_argv(plan: Plan, settings: Settings) -> list:
-    """The Hub download of the assets (the recipes' child: huggingface_hub is not stdlib)."""
-    weights = WEIGHTS if settings.init_from == "hub" else ()
-    return [sys.executable, "-m", f"{RECIPE_MODULE}.fetch", plan.model, plan.assets, *ASSETS, *OPTIONAL_ASSETS,
-            *weights]
-
-
-def assets(plan: Plan, settings: Settings, absent) -> list:
-    if not absent or not settings.hf_hub_offline:
-        return []
-    repo = plan.model
-    return [fail(f"{plan.assets} has no {', '.join(absent)} and HF_HUB_OFFLINE=1 forbids downloading them: "
-                 f"fill ASSETS_DIR first (`hf download {repo} --local-dir {plan.assets}`) or unset HF_HUB_OFFLINE")]
+def fetch_argv(plan: Plan, settings: Settings, check=False) -> list:
+    """The recipes' asset child (it reads the index and downloads with huggingface_hub, neither stdlib): what the
+    assets folder lacks, fetched, or why it cannot be."""
+    return [sys.executable, "-m", f"{RECIPE_MODULE}.fetch", plan.model, plan.assets,
+            *["--weights"] * (settings.init_from == "hub"), *["--offline"] * settings.hf_hub_offline,
+            *["--check"] * check]
 
 
 def dataset(settings: Settings) -> list:
@@ -217,12 +182,10 @@ def dataset(settings: Settings) -> list:
     return []
 
 
-def run(plan: Plan, settings: Settings, environ, absent, root="/") -> list:
-    """Every stdlib check, in order; the caller prints them and stops on a fatal one (unless PREFLIGHT=warn).
-    `absent`: missing_assets(), which the caller also uses to decide the fetch."""
-    fetching = bool(absent) and not settings.hf_hub_offline
+def run(plan: Plan, settings: Settings, environ, root="/") -> list:
+    """Every stdlib check, in order; the caller prints them and stops on a fatal one (unless PREFLIGHT=warn)."""
     return [*runtime(plan), *lnc(plan, settings), *held_cores(plan), *limits(root, plan.nproc),
-            *writable(plan, settings, environ, fetching), *assets(plan, settings, absent), *dataset(settings)]
+            *writable(plan, settings, environ), *dataset(settings)]
 
 
 def request(plan: Plan, settings: Settings, print_config=False, check_files=True, fix=False) -> dict:

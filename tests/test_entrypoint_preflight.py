@@ -133,7 +133,7 @@ def test_cache_checkpoint_and_output_dirs_must_be_writable(tmp_path):
     blocker.write_text("")
     built, settings = build(CACHE_DIR=str(blocker / "cache"), CHECKPOINT_DIR=str(tmp_path / "ckpt"),
                             OUTPUT_DIR=str(tmp_path / "out"), VARIANT="v5")
-    found = preflight.writable(built, settings, {}, fetching=False)
+    found = preflight.writable(built, settings, {})
     assert len(found) == 1 and found[0].fatal
     assert f"{blocker}/cache/v5/inductor (TORCHINDUCTOR_CACHE_DIR) is below {blocker}, which is a file" \
         in found[0].text
@@ -144,7 +144,7 @@ def test_cache_checkpoint_and_output_dirs_must_be_writable(tmp_path):
 def test_a_checkpoint_dir_that_is_a_file_says_so(tmp_path):
     (tmp_path / "ckpt").write_text("")
     built, settings = build(CHECKPOINT_DIR=str(tmp_path / "ckpt"), OUTPUT_DIR=str(tmp_path / "out"))
-    found = preflight.writable(built, settings, {}, fetching=False)
+    found = preflight.writable(built, settings, {})
     assert [f.text for f in found] == [f"{tmp_path}/ckpt (CHECKPOINT_DIR) is a file, not a folder; mount a writable "
                                        "volume at CHECKPOINT_DIR"]
 
@@ -155,21 +155,9 @@ def test_neuron_cache_variables_are_checked_where_the_workers_will_use_them(tmp_
     env = {"TORCH_NEURONX_NEFF_CACHE_DIR": str(blocker / "neff"), "NKI_COMPILE_CACHE_URL": "s3://bucket/nki",
            "CACHE_DIR": str(tmp_path / "cache"), "OUTPUT_DIR": str(tmp_path / "out")}
     built, settings = build(NEURON, **env)
-    found = preflight.writable(built, settings, env, fetching=False)
+    found = preflight.writable(built, settings, env)
     assert [f.text.split(" (")[1].split(")")[0] for f in found] == ["TORCH_NEURONX_NEFF_CACHE_DIR"]
     assert not (tmp_path / "cache").exists()  # judged writable by tmp_path, not made
-
-
-def test_full_scale_assets_missing_while_offline(tmp_path):
-    built, settings = build(SCALE="full", ASSETS_DIR=str(tmp_path), HF_HUB_OFFLINE="1")
-    found = preflight.assets(built, settings, preflight.missing_assets(built, settings))
-    assert len(found) == 1 and found[0].fatal
-    assert f"{tmp_path}/Qwen3-4B has no config.json, tokenizer.json, tokenizer_config.json" in found[0].text
-    assert "hf download Qwen/Qwen3-4B" in found[0].text
-    online = build(SCALE="full", ASSETS_DIR=str(tmp_path))
-    assert preflight.assets(*online, preflight.missing_assets(*online)) == []  # online: it will be fetched
-    smoke = build(SCALE="smoke", HF_HUB_OFFLINE="1")
-    assert preflight.missing_assets(*smoke) == [] and preflight.assets(*smoke, []) == []  # smoke: bundled
 
 
 # ---- through the launcher

@@ -16,10 +16,9 @@ import pytest
 import fake_hub
 from fake_hub import TOKEN, asked, full_scale, run_launcher
 
-from entrypoint import preflight
+from neuron_qwen3 import fetch as assets
 
 MODEL = "Qwen/Qwen3-0.6B"  # any dense MODEL but native's default, so the plan's model is the one fetched
-FILES = (*preflight.ASSETS, *preflight.WEIGHTS)  # what the launcher asks the fetch for with INIT_FROM=hub
 
 
 @pytest.fixture
@@ -28,25 +27,25 @@ def hub(tmp_path):
 
 
 def test_missing_weights_count_only_when_asked(tmp_path):
-    for name in preflight.ASSETS:
+    for name in assets.ASSETS:
         (tmp_path / name).write_text("{}")
-    assert preflight.missing(tmp_path) == []
-    assert preflight.missing(tmp_path, weights=True) == ["*.safetensors"]
+    assert assets.missing(tmp_path) == []
+    assert assets.missing(tmp_path, weights=True) == ["*.safetensors"]
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-1.safetensors"}}))
-    assert preflight.missing(tmp_path, weights=True) == ["*.safetensors"]  # a shard the index names is absent
+    assert assets.missing(tmp_path, weights=True) == ["*.safetensors"]  # a shard the index names is absent
     (tmp_path / "model-1.safetensors").write_text("")
-    assert preflight.missing(tmp_path, weights=True) == []
+    assert assets.missing(tmp_path, weights=True) == []
 
 
 def test_fetch_with_weights_gets_every_shard_and_never_prints_the_token(hub, tmp_path):
     dest = tmp_path / "Qwen3-0.6B"
-    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.fetch", MODEL, str(dest), *FILES],
+    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.fetch", MODEL, str(dest), "--weights"],
                             env=hub, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert TOKEN not in result.stdout + result.stderr and "100%" in result.stderr  # progress passes through
-    assert preflight.missing(dest, weights=True) == []
+    assert assets.missing(dest, weights=True) == []
     [(repo, local_dir, patterns)] = asked(tmp_path)
-    assert (repo, local_dir) == (MODEL, str(dest)) and set(preflight.WEIGHTS) <= set(patterns)
+    assert (repo, local_dir) == (MODEL, str(dest)) and set(assets.WEIGHTS) <= set(patterns)
 
 
 def test_a_fetch_that_misses_a_shard_stops_the_launch(hub, tmp_path, monkeypatch, capfd):
@@ -72,7 +71,7 @@ def test_launcher_fetches_the_plans_model_and_loads_it(hub, tmp_path, monkeypatc
 def test_assets_without_weights_are_fetched_again_for_init_from_hub(hub, tmp_path, monkeypatch, capfd):
     dest = tmp_path / "assets" / "Qwen3-0.6B"
     dest.mkdir(parents=True)
-    for name in preflight.ASSETS:
+    for name in assets.ASSETS:
         (dest / name).write_text("{}")
     code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path, MODEL=MODEL, INIT_FROM="hub"))
     assert code == 0 and len(launched) == 1, err
@@ -92,7 +91,7 @@ def test_too_little_disk_for_the_weights_stops_before_the_download(hub, tmp_path
     shard = int(shutil.disk_usage(tmp_path).free * 0.6)  # two shards do not fit, one does
 
     def fetch():
-        return subprocess.run([sys.executable, "-m", "neuron_qwen3.fetch", MODEL, str(dest), *FILES],
+        return subprocess.run([sys.executable, "-m", "neuron_qwen3.fetch", MODEL, str(dest), "--weights"],
                               env={**hub, "FAKE_HUB_SHARD_BYTES": str(shard)}, capture_output=True, text=True,
                               timeout=60)
 

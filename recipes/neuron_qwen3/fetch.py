@@ -1,15 +1,26 @@
-"""`python -m neuron_qwen3.fetch REPO DEST PATTERN...`: files of a Hub model repo into DEST, for the launcher.
+"""`python -m neuron_qwen3.fetch REPO DEST [--weights] [--offline] [--check]`: the full-scale model assets, for the
+launcher.
 
-The launcher (stdlib only) decides what is missing and runs this child at full scale: a resumable snapshot
-download of the files matching the patterns, refused first when they do not fit on DEST's disk (their sizes asked
-of the Hub). huggingface_hub reads HF_TOKEN itself; everything printed has it replaced with ***. Exit status 0
-when the download ended, 1 when it failed (worth a retry), 2 on bad arguments or too little disk.
+The launcher (stdlib only) runs this child whenever the run trains from a Hub model's assets. It decides what DEST
+lacks (the files training reads; with --weights, the safetensors too, every shard the index names), says so and
+stops when it may not download (--offline), else fetches the missing files with a resumable snapshot download,
+refused first when they do not fit on DEST's disk (their sizes asked of the Hub), and checks that they arrived.
+huggingface_hub reads HF_TOKEN itself; everything printed has it replaced with ***. Exit status 0 when DEST has
+everything, 1 when the download failed or left a file out (worth a retry), 2 when it cannot be done here (bad
+arguments, offline, DEST not writable, too little disk); --check fetches nothing and exits 3 where it would.
 """
 
+import argparse
 import fnmatch
+import json
 import os
 import shutil
 import sys
+import tempfile
+
+ASSETS = ("config.json", "tokenizer.json", "tokenizer_config.json")  # what training reads from DEST
+OPTIONAL_ASSETS = ("generation_config.json", "vocab.json", "merges.txt")  # fetched with them where the repo has them
+WEIGHTS = ("*.safetensors", "model.safetensors.index.json")  # --weights (INIT_FROM=hub)
 
 
 class Redacted:
@@ -25,6 +36,49 @@ class Redacted:
         return getattr(self._stream, name)
 
 
+def weights_present(folder) -> bool:
+    """Every shard model.safetensors.index.json names, else at least one *.safetensors."""
+    try:
+        with open(os.path.join(folder, "model.safetensors.index.json")) as f:
+            shards = set(json.load(f)["weight_map"].values())
+    except FileNotFoundError:
+        return os.path.isdir(folder) and any(name.endswith(".safetensors") for name in os.listdir(folder))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return all(os.path.isfile(os.path.join(folder, name)) for name in shards)
+
+
+def missing(folder, weights=False) -> list:
+    """The files training reads that `folder` lacks (huggingface_hub writes each under a temporary name, then
+    renames); with `weights`, also the safetensors."""
+    absent = [name for name in ASSETS if not os.path.isfile(os.path.join(folder, name))]
+    return absent + (["*.safetensors"] if weights and not weights_present(folder) else [])
+
+
+def nearest(path) -> str:
+    """`path`, or the nearest folder above it that exists (the download makes the rest)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def unwritable(dest) -> str | None:
+    """Why the download could not write into DEST, as one line; None when it can. Leaves nothing behind."""
+    existing = nearest(dest)
+    try:
+        if not os.path.isdir(existing):
+            raise NotADirectoryError(20, "a file is in the way")
+        if existing != os.path.abspath(dest):
+            return None if os.access(existing, os.W_OK | os.X_OK) else f"{dest} (ASSETS_DIR) cannot be made: " \
+                f"{existing} is not writable; mount a writable volume at ASSETS_DIR"
+        tempfile.TemporaryFile(dir=dest).close()  # an unnamed file: a read-only mount refuses it, even to root
+        return None
+    except OSError as error:
+        return f"{dest} (ASSETS_DIR) is not writable: {error.strerror or type(error).__name__}; mount a writable " \
+               "volume at ASSETS_DIR"
+
+
 def short_of_space(repo, dest, patterns) -> str | None:
     """Why the files still to fetch do not fit on DEST's disk, as one line; None when they fit or the Hub does not
     say their size (the download then reports its own error)."""
@@ -36,27 +90,16 @@ def short_of_space(repo, dest, patterns) -> str | None:
         return None
     needed = sum(f.size or 0 for f in files if any(fnmatch.fnmatch(f.rfilename, p) for p in patterns)
                  and not os.path.isfile(os.path.join(dest, f.rfilename)))  # a resumed download fetches the rest
-    existing = os.path.abspath(dest)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    free = shutil.disk_usage(existing).free
+    free = shutil.disk_usage(nearest(dest)).free
     if needed <= free:
         return None
     return (f"{repo}'s files need {needed / 2**30:.1f} GiB more in {dest} but its disk has {free / 2**30:.1f} GiB "
             "free: free space there, or mount a larger volume at ASSETS_DIR")
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 3:
-        print("usage: python -m neuron_qwen3.fetch HUB_REPO DEST PATTERN...", file=sys.stderr)
-        return 2
-    repo, dest, *patterns = argv
-    token = os.environ.get("HF_TOKEN")  # a secret, so never a flag: argv shows in ps and in logs
-    # before huggingface_hub is imported: its loggers and progress bars capture sys.stderr when created
-    sys.stdout, sys.stderr = Redacted(sys.stdout, token), Redacted(sys.stderr, token)
+def download(repo, dest, patterns) -> int:
     print(f"entrypoint: fetching {repo} ({', '.join(patterns)}) into {dest}", flush=True)
-    short = short_of_space(repo, dest, patterns)
+    short = unwritable(dest) or short_of_space(repo, dest, patterns)
     if short:
         print(f"entrypoint: {short}", file=sys.stderr)
         return 2
@@ -72,6 +115,42 @@ def main(argv=None) -> int:
               "ASSETS_DIR", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv=None) -> int:
+    cli = argparse.ArgumentParser(prog="python -m neuron_qwen3.fetch")
+    cli.add_argument("repo")
+    cli.add_argument("dest")
+    cli.add_argument("--weights", action="store_true", help="the safetensors too (INIT_FROM=hub)")
+    cli.add_argument("--offline", action="store_true", help="never download (HF_HUB_OFFLINE=1)")
+    cli.add_argument("--check", action="store_true", help="say what is missing; exit 3 where it would fetch")
+    args = cli.parse_args(argv)
+    token = os.environ.get("HF_TOKEN")  # a secret, so never a flag: argv shows in ps and in logs
+    # before huggingface_hub is imported: its loggers and progress bars capture sys.stderr when created
+    sys.stdout, sys.stderr = Redacted(sys.stdout, token), Redacted(sys.stderr, token)
+    absent = missing(args.dest, args.weights)
+    if not absent:
+        if not args.check:
+            print(f"entrypoint: assets: {args.dest} has {', '.join(ASSETS)}: not fetching", flush=True)
+        return 0
+    if args.offline:
+        print(f"entrypoint: {args.dest} has no {', '.join(absent)} and HF_HUB_OFFLINE=1 forbids downloading them: "
+              f"fill ASSETS_DIR first (`hf download {args.repo} --local-dir {args.dest}`) or unset HF_HUB_OFFLINE",
+              file=sys.stderr)
+        return 2
+    if args.check:
+        short = unwritable(args.dest)
+        if short:
+            print(f"entrypoint: {short}", file=sys.stderr)
+            return 2
+        print(f"entrypoint: assets: {args.dest} has no {', '.join(absent)}: the launch fetches {args.repo}",
+              flush=True)
+        return 3
+    code = download(args.repo, args.dest, [*ASSETS, *OPTIONAL_ASSETS, *(WEIGHTS if args.weights else ())])
+    still = [] if code else missing(args.dest, args.weights)
+    if still:
+        print(f"entrypoint: {args.repo} was fetched into {args.dest} but has no {', '.join(still)}", file=sys.stderr)
+    return code or (1 if still else 0)
 
 
 if __name__ == "__main__":
