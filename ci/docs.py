@@ -24,11 +24,20 @@ def variant_table() -> str:
     return "\n".join(rows)
 
 
+def settings_table(groups) -> str:
+    """The variables of the contract's `groups`, as README.md and docs/production.md show them."""
+    rows = ["| variable | default | accepts | torchtitan flag | meaning |", "|---|---|---|---|---|"]
+    rows += [f"| `{var.name}` | {f'`{var.default}`' if var.default else '-'} | {var.allowed} | "
+             f"{f'`{var.flag}`' if var.flag else '-'} | {var.meaning} |"
+             for var in contract.VARS if var.group in groups]
+    return "\n".join(rows)
+
+
 def blocks() -> dict:
     """NAME -> the block's text."""
     found = {"variants": variant_table()}
     for groups in ({"run", "paths"}, {"rendezvous", "kubeflow", "slurm"}, {"faults", "preflight"}):
-        found["settings " + " ".join(sorted(groups))] = contract.markdown(groups)
+        found["settings " + " ".join(sorted(groups))] = settings_table(groups)
     return found
 
 

@@ -1,9 +1,7 @@
 """The environment contract: every variable the container reads, the torchtitan flag it becomes, and its parser.
 
-The image is configured only through these variables (`docker run -e NAME=value`), and the launcher hands the
-workers each value as a torchtitan flag (`Var.flag`), so this table is the interface: `--help` and the docs'
-tables are rendered from it, the tests iterate over it. Values are parsed once, to their final types; bad input
-stops the launcher before anything starts, with one line naming the variable and what it accepts.
+This table is the interface: `--help` and the docs' tables are rendered from it, the tests iterate over it. Values
+are parsed once, to their final types; bad input is one line naming the variable and what it accepts.
 """
 
 import difflib
@@ -227,8 +225,8 @@ VARS = (
     Var("WARMUP_STEPS", None, matching(r"\d+|0?\.\d*[1-9]\d*", "whole steps, or a fraction of the steps below 1 "
         "like 0.03"), "linear warm-up to LR; default: the config's, 0.08 with INIT_FROM",
         flag="--tune.warmup"),
-    Var("LR_SCHEDULE", None, choice("linear", "sqrt", "cosine"), "decay after the warm-up (torchtitan's kinds); default: "
-        "the config's (linear); constant: EXTRA_ARGS=--lr_scheduler.decay_ratio=0",
+    Var("LR_SCHEDULE", None, choice("linear", "sqrt", "cosine"), "decay after the warm-up (torchtitan's kinds); "
+        "default: the config's (linear); constant: EXTRA_ARGS=--lr_scheduler.decay_ratio=0",
         flag="--lr_scheduler.decay_type"),
     Var("BATCH_SIZE", None, positive_int, "sequences per step, a multiple of the local batch x data-parallel ranks "
         "(the rest is gradient accumulation); default: one of each", flag="--training.global_batch_size"),
@@ -362,14 +360,6 @@ def parse(env) -> "Settings":
         except (ValueError, KeyError):
             raise UsageError(f"{var.name}={raw!r} is not {var.allowed}") from None
     return Settings(**values)
-
-
-def markdown(groups) -> str:
-    """The table of the variables in `groups`, as README.md and docs/production.md show it (tests compare)."""
-    rows = ["| variable | default | accepts | torchtitan flag | meaning |", "|---|---|---|---|---|"]
-    rows += [f"| `{var.name}` | {f'`{var.default}`' if var.default else '-'} | {var.allowed} | "
-             f"{f'`{var.flag}`' if var.flag else '-'} | {var.meaning} |" for var in VARS if var.group in groups]
-    return "\n".join(rows)
 
 
 # Other launchers' variables that this one does not read, and what to use instead.

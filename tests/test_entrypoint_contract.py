@@ -134,9 +134,3 @@ def test_values_are_parsed_to_their_final_types():
 @pytest.mark.parametrize("model", ["Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B-Base", "Qwen/Qwen3-30B-A3B-Instruct-2507"])
 def test_model_takes_any_qwen3_hub_id(model):
     assert contract.parse({"MODEL": model}).model == model
-
-
-def test_the_docs_table_lists_each_variable_with_its_flag():
-    table = contract.markdown({"run"}).splitlines()
-    steps = next(row for row in table if row.startswith("| `STEPS` |"))
-    assert "`--training.steps`" in steps and len(table) == 2 + sum(var.group == "run" for var in contract.VARS)

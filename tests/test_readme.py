@@ -22,6 +22,12 @@ def test_the_generated_tables_are_current():
         assert f"| `{var.name}` |" in text, var.name
 
 
+def test_the_settings_table_lists_each_variable_with_its_flag():
+    table = docs.settings_table({"run"}).splitlines()
+    steps = next(row for row in table if row.startswith("| `STEPS` |"))
+    assert "`--training.steps`" in steps and len(table) == 2 + sum(var.group == "run" for var in VARS)
+
+
 def fenced(text):
     return re.findall(r"^```sh\n(.*?)^```", text, re.M | re.S)
 
