@@ -1,8 +1,7 @@
-"""Checks run after the plan is made and before torchrun starts, one line each (docs/production.md lists them).
+"""The launcher's checks, after the plan and before torchrun, one line each (docs/production.md, "Preflight").
 
-These are stdlib only; the ones that need a file format or the config itself run in one child with the real
-libraries, the recipes' pre-launch pass (`recipes_pass`, neuron_qwen3/preflight.py). A failure stops the launch
-with exit status 2 (PREFLIGHT=warn turns failures into warnings); a warning is printed and the launch goes on.
+Stdlib only: the checks that need a file format or the config run in children with the real libraries (the
+assets: neuron_qwen3/fetch.py; the rest: `recipes_pass`, neuron_qwen3/preflight.py).
 """
 
 import importlib.util
@@ -12,7 +11,9 @@ import resource
 import subprocess
 import sys
 import tempfile
+from contextlib import suppress
 from dataclasses import dataclass
+from functools import partial
 
 from entrypoint.contract import Settings
 from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
@@ -25,8 +26,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the locks
 SHM_MIN_BYTES = 1 << 30
 NOFILE_MIN = 65536
 MANY_PROCESSES = 16  # below it, the 65536 open files that 64 ranks need cannot matter
-# Device memory per logical NeuronCore on trn2 (96 GiB per device) by NEURON_LOGICAL_NC_CONFIG.
-NEURON_GIB_PER_CORE = {1: 12, 2: 24}
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 CACHE_VARS = sorted({name for per_kind in CACHE_VARS_BY_KIND.values() for name in per_kind})
 
@@ -37,12 +36,7 @@ class Finding:
     text: str
 
 
-def fail(text):
-    return Finding(True, text)
-
-
-def warn(text):
-    return Finding(False, text)
+fail, warn = partial(Finding, True), partial(Finding, False)
 
 
 def runtime(plan: Plan, find_spec=importlib.util.find_spec) -> list:
@@ -106,11 +100,9 @@ def limits(root="/", processes=MANY_PROCESSES, getrlimit=resource.getrlimit, set
     if soft != resource.RLIM_INFINITY and soft < NOFILE_MIN:
         target = NOFILE_MIN if hard == resource.RLIM_INFINITY or hard >= NOFILE_MIN else hard
         if target > soft:
-            try:
+            with suppress(ValueError, OSError):
                 setrlimit(resource.RLIMIT_NOFILE, (target, hard))
                 soft = target
-            except (ValueError, OSError):
-                pass
         if soft < NOFILE_MIN and processes >= MANY_PROCESSES:
             findings.append(warn(f"open-file limit (nofile) is {soft}, below {NOFILE_MIN}: many ranks fail with "
                                  "'Too many open files'; docker run --ulimit nofile=65536:65536"))
@@ -191,9 +183,8 @@ def run(plan: Plan, settings: Settings, environ, root="/") -> list:
 def request(plan: Plan, settings: Settings, print_config=False, check_files=True, fix=False) -> dict:
     """What the recipes' pre-launch pass is asked (neuron_qwen3/preflight.py). `fix`: node 0 moves broken
     checkpoints aside."""
-    memory = NEURON_GIB_PER_CORE[settings.neuron_logical_nc_config] if plan.devices.kind == "neuron" else None
     return {"args": list(plan.worker_args), "model": plan.model, "variant": plan.variant, "locks": REPO,
-            "ranks": plan.nproc * plan.rendezvous.nnodes, "memory_gib": memory, "print_config": print_config,
+            "ranks": plan.nproc * plan.rendezvous.nnodes, "print_config": print_config,
             "check_files": check_files, "fix_checkpoints": fix, "node_rank": plan.rendezvous.node_rank}
 
 

@@ -113,8 +113,8 @@ def test_too_little_disk_for_the_export(tmp_path, monkeypatch, dtype, size):
 
 
 def test_the_answer_states_the_model_and_how_it_fits():
-    answer = preflight.run({"args": ["--module", "neuron_qwen3", "--config", "native_qwen3_8b"], "ranks": 8,
-                            "memory_gib": 24, "print_config": True})
+    answer = preflight.run({"args": ["--module", "neuron_qwen3", "--config", "native_qwen3_8b", "--device=neuron"],
+                            "ranks": 8, "print_config": True})
     assert answer["problems"] == [] and answer["config"]["report"]["model"] == "Qwen/Qwen3-8B"
     assert answer["model"]["parameters"] == shapes.FLAVORS["8B"].parameters() and not answer["model"]["fits"]
     assert answer["warnings"] == [f"Qwen/Qwen3-8B: {answer['model']['why']}"]

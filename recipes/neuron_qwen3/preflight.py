@@ -315,7 +315,9 @@ def run(request: dict) -> dict:
         answer["config"] = config.to_dict()
     shape = trained_shape(config)
     if shape is not None:
-        fits, why = shapes.fit(shape.parameters(), request["ranks"], request.get("memory_gib"))
+        lnc = getattr(getattr(config, "neuron", None), "logical_nc_config", 2)  # a user's MODULE may lack the section
+        memory = shapes.NEURON_GIB_PER_CORE[lnc] if config.device == "neuron" else None
+        fits, why = shapes.fit(shape.parameters(), request["ranks"], memory)
         answer["model"] = {"parameters": shape.parameters(), "fits": fits, "why": why}
         if tuned and request.get("print_config"):  # --dry-run: built on meta, adapters in, base frozen
             answer["model"]["lora"] = lora.dry_run(config, tuned, request["ranks"]).line()

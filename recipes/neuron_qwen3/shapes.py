@@ -137,6 +137,7 @@ STATE_BYTES_PER_PARAM = 16
 # Of each rank's device memory, what the sharded state may take; the rest is for activations, the unsharded layer
 # FSDP gathers, and the runtime.
 STATE_SHARE = 0.6
+NEURON_GIB_PER_CORE = {1: 12, 2: 24}  # trn2's 96 GiB per device over its logical NeuronCores, by the LNC
 
 
 def fit(parameters: int, ranks: int, memory_gib: float | None) -> tuple:
