@@ -1,10 +1,8 @@
 """`python -m entrypoint`: read the environment, find the devices, plan one torchrun command, run it.
 
-Configuration comes from the environment (see `--help`), so `docker run -e VARIANT=nki_moe IMAGE` is the whole
-interface; the launcher's own flags only inspect, and every other argument goes to torchtitan after EXTRA_ARGS, as
-torchtitan's run_train.sh passes "$@" (`docker run IMAGE --training.steps 5`). A launch goes: plan -> the stdlib
-checks (preflight.py) -> model assets at full scale (neuron_qwen3/fetch.py) -> the lease on CHECKPOINT_DIR (lease.py) ->
-the recipes' pre-launch pass in a child (flags, files, checkpoints) -> torchrun (launch.py).
+The environment is the interface (`--help`); the launcher's own flags only inspect, every other argument goes to
+torchtitan after EXTRA_ARGS, as run_train.sh passes "$@". A launch: plan, the stdlib checks (preflight.py), the
+assets (a child), the lease (lease.py), the recipes' pre-launch pass (a child), torchrun (launch.py).
 """
 
 import argparse
@@ -52,16 +50,15 @@ def say(text, environ, stream=None):
     print(f"entrypoint: {contract.redact(text, environ)}", file=stream or sys.stderr, flush=True)
 
 
-def reported(findings, settings, environ) -> int:
-    """Print findings, one line each: 2 if a failure stops the launch (PREFLIGHT=strict), else 0."""
+def reported(findings, settings, environ, lines=()) -> int:
+    """Print findings, one line each, then `lines` (progress, on stdout): 2 if a failure stops the launch
+    (PREFLIGHT=strict), else 0. Warnings are not printed beside a failure: it comes alone."""
     failures = [f.text for f in findings if f.fatal and settings.preflight == "strict"]
-    for text in failures:
+    for text in failures or [f"warning: {f.text}" for f in findings]:
         say(text, environ)
-    if failures:
-        return 2
-    for finding in findings:
-        say(f"warning: {finding.text}", environ)
-    return 0
+    for line in lines:
+        say(line, environ, sys.stdout)
+    return 2 if failures else 0
 
 
 def dry_run(resolved, settings, environ) -> int:
@@ -75,8 +72,7 @@ def dry_run(resolved, settings, environ) -> int:
 
 
 def fetch_env(environ) -> dict:
-    """The asset child's environment: the only process that gets HF_TOKEN (a secret made from a file ends in a
-    newline)."""
+    """The asset child's environment, the only one with HF_TOKEN (stripped: a secret file ends in a newline)."""
     env = {name: value for name, value in environ.items() if name not in contract.SECRETS}
     return {**env, **({"HF_TOKEN": environ["HF_TOKEN"].strip()} if environ.get("HF_TOKEN") else {})}
 
@@ -87,9 +83,7 @@ def check(resolved, settings, environ, root) -> int:
                              env=fetch_env(environ)).returncode if resolved.assets else 0
     pending = settings.init_from == "hub" and fetched == 3  # the weights come at launch: nothing to read yet
     more, answer = preflight.recipes_pass(resolved, settings, environ, check_files=not pending)
-    code = reported(findings + more, settings, environ) or (2 if fetched not in (0, 3) else 0)
-    for line in answer.get("lines", ()):
-        say(line, environ, sys.stdout)
+    code = reported(findings + more, settings, environ, answer.get("lines", ())) or (2 if fetched not in (0, 3) else 0)
     say(f"check: {'the launch would start' if not code else 'the launch would stop'}: {resolved.config} on "
         f"{resolved.nproc} {plan.UNIT[resolved.devices.kind]}", environ, sys.stdout)
     return code
@@ -113,10 +107,7 @@ def prepare(resolved, settings, environ, root, leases) -> int:
         if taken_over:
             say(f"warning: {taken_over}", environ)
     findings, answer = preflight.recipes_pass(resolved, settings, environ, fix=True)
-    code = reported(findings, settings, environ)
-    for line in answer.get("lines", ()):
-        say(line, environ, sys.stdout)
-    return code
+    return reported(findings, settings, environ, answer.get("lines", ()))
 
 
 def self_test(settings, environ, root) -> int:

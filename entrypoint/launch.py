@@ -1,16 +1,11 @@
 """Run the planned command as PID 1's child, pass every stop signal on to all of its processes, bound the stop.
 
-torchrun starts each worker in a session of its own, so the launcher signals every process group it finds under its
-child in /proc. After the first SIGTERM, SIGINT or SIGHUP those groups have `grace` seconds (STOP_GRACE) to exit,
-then they are SIGKILLed: a stop takes at most `grace` + one poll (0.1 s) + the kill (docs/production.md). The exit
-status is the child's (128 + N if killed by signal N); after a stop signal N a failed child reads 128 + N (143:
-SIGTERM), so Slurm and Kubernetes see a stopped job, not a failed one. As PID 1 it reaps orphans too. `watch()`, at
-the top of main, notes a stop that comes before torchrun starts: nothing more is started. SIGUSR1/2 are ignored
-(neither torchrun nor torchtitan handles them: they killed every worker without a save).
-
-On every node but 0, `host_watch` ends the run once node 0 vanished without a word (no FIN, no RST): torchrun's agent
-then hangs in a call to node 0's TCPStore although its workers' collectives time out (seen: 384 s and counting, torch
-2.14). A worker cannot watch for it: it ends by its own timeout first, and the agent hangs after it.
+torchrun starts each worker in a session of its own, so every process group under the child is signalled; once
+STOP_GRACE has passed since the first SIGTERM, SIGINT or SIGHUP they are SIGKILLed. After a stop a failed child
+reads 128 + N (143), so a scheduler sees a stopped job (docs/production.md, "Checkpoints and preemption").
+SIGUSR1/2 are ignored: neither torchrun nor torchtitan handles them, they killed every worker without a save.
+On every node but 0, `host_watch` ends a run whose node 0 vanished without a word: torchrun's agent then hangs in
+a call to node 0's TCPStore although its workers' collectives time out (seen: 384 s and counting, torch 2.14).
 """
 
 import os
@@ -19,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+from contextlib import suppress
 
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # forwarded to every process group of the child
 IGNORED = (signal.SIGUSR1, signal.SIGUSR2)
@@ -93,10 +89,8 @@ def process_groups(root_pid) -> set:
 
 def _signal_groups(groups, signum):
     for pgid in groups:
-        try:
+        with suppress(ProcessLookupError, PermissionError):  # gone, or (pgid reused) not ours
             os.killpg(pgid, signum)
-        except (ProcessLookupError, PermissionError):  # gone, or (pgid reused) not ours
-            pass
 
 
 def _any_alive(groups) -> bool:

@@ -1,10 +1,6 @@
-"""One live job per CHECKPOINT_DIR: a lease file node rank 0 takes before the checkpoint housekeeping.
-
-Two jobs on one folder would purge and overwrite each other's `step-N`. Node 0 creates `<CHECKPOINT_DIR>/.lease`
-(O_EXCL; host, pid, job id inside) and refreshes its modification time every HEARTBEAT seconds while the job runs. A
-second launcher refuses to start while the heartbeat is younger than STALE; it takes over a lease whose heartbeat is
-older, whose process on this host is gone (or is this very process: a restarted container is PID 1 again), or
-which has this job's id (a Slurm requeue keeps SLURM_JOB_ID). torchtitan ignores the file: no `step-N` in its name.
+"""One live job per CHECKPOINT_DIR: a lease file node rank 0 takes before the checkpoint housekeeping, since two
+jobs on one folder would purge and overwrite each other's `step-N`. When a lease is taken over:
+docs/production.md, "One job per folder". torchtitan ignores the file: no `step-N` in its name.
 """
 
 import json
@@ -12,6 +8,7 @@ import os
 import socket
 import threading
 import time
+from contextlib import suppress
 
 from entrypoint.contract import UsageError
 
@@ -29,24 +26,15 @@ def _holder(path) -> dict:
         return {}  # half-written or unreadable: judged by its age alone
 
 
-def _process_gone(pid) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def _taken_over(holder, me, age) -> str | None:
-    """Why the lease of `holder` may be taken over by `me`, or None if its owner is live."""
+    """Why the lease of `holder` may be taken over by `me`, or None if its owner is live. Its pid may be this very
+    process's: a restarted container is PID 1 again."""
     if age >= STALE:
         return f"its heartbeat is {age:.0f} s old"
     if me["job"] and holder.get("job") == me["job"]:
         return f"it belongs to this job ({me['job']})"
     if holder.get("host") == me["host"] and isinstance(holder.get("pid"), int):
-        if holder["pid"] == me["pid"] or _process_gone(holder["pid"]):
+        if holder["pid"] == me["pid"] or not os.path.exists(f"/proc/{holder['pid']}"):
             return f"its process {holder['pid']} on this host is gone"
     return None
 
@@ -80,10 +68,8 @@ class Lease:
                         f"(host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, heartbeat {age:.0f} s ago): "
                         f"give this job its own CHECKPOINT_DIR, or wait until the other stops (a lease without "
                         f"heartbeat for {STALE} s is taken over)") from None
-                try:
+                with suppress(FileNotFoundError):
                     os.remove(self.path)
-                except FileNotFoundError:
-                    pass
                 continue
             with os.fdopen(fd, "w") as f:
                 json.dump(self.me, f)
@@ -103,7 +89,5 @@ class Lease:
         """Stop the heartbeat and remove the lease if it is still this launcher's."""
         self._stop.set()
         if _holder(self.path) == self.me:
-            try:
+            with suppress(FileNotFoundError):
                 os.remove(self.path)
-            except FileNotFoundError:
-                pass

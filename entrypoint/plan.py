@@ -1,8 +1,7 @@
 """Settings + devices -> one torchrun command and the environment it adds: everything a launch will do.
 
-The article's command, `torchrun ... -m torchtitan.train --module neuron_qwen3 --config <fn>` (through this
-interpreter: no PATH lookup), with the rendezvous (rendezvous.py) and every setting as the torchtitan flag the
-contract names (contract.Var.flag). Nothing here touches the filesystem.
+The article's `torchrun ... -m torchtitan.train --module neuron_qwen3 --config <fn>`, through this interpreter,
+with every setting as the torchtitan flag the contract names. Nothing here touches the filesystem.
 """
 
 import os

@@ -1,20 +1,6 @@
-"""How many nodes, which one this is, and where they meet: from the plain variables or an engine's.
-
-Each field is taken from the first source that sets it: the plain variable (NNODES, NODE_RANK, MASTER_ADDR,
-MASTER_PORT), then Kubeflow Trainer's PET_*, then Slurm's (SLURM_NNODES, SLURM_NODEID, the first host of
-SLURM_JOB_NODELIST). One node uses the article's c10d rendezvous on a free port of the loopback address,
-`--rdzv_endpoint 127.0.0.1:0 --local-addr 127.0.0.1`: torchrun otherwise names the store by the host name, which
-does not resolve under `docker run --network none`, and the rendezvous then waits forever. More nodes use c10d at
-MASTER_ADDR:MASTER_PORT, hosted by node rank 0, with `--local-addr LOCAL_ADDR` when it is set (e.g. the pod IP).
-
-The rendezvous id is RDZV_ID, else the job's id (SLURM_JOB_ID), else a hash of the node count and endpoint only:
-nodes with another STEPS or VARIANT meet, and their workers name the setting that differs (neuron_qwen3/same_config)
-where an id hashing the settings kept them apart without a word. They wait up to RDZV_TIMEOUT for each other.
-
-torchrun ignores `--node_rank` under c10d (it numbers nodes in the order they join, and warns that the flag is
-ignored), so the node rank is used where c10d does need it: node 0 hosts the rendezvous store
-(`--rdzv_conf is_host=true`), every other node is a client. That replaces torch's guess, which compares
-MASTER_ADDR with this machine's names and addresses and can miss on hosts with several network interfaces.
+"""How many nodes, which one this is, and where they meet: each field from the plain variable, else Kubeflow's
+PET_*, else Slurm's. What each choice avoids (the loopback endpoint on one node, the rendezvous id, node 0 hosting
+the store): docs/production.md, "How the rendezvous is built".
 """
 
 import hashlib
@@ -41,6 +27,7 @@ class Rendezvous:
         local = ["--local-addr", self.local_addr] if self.local_addr else []
         if self.nnodes == 1:
             return ["--rdzv_backend", "c10d", "--rdzv_endpoint", self.endpoint, *local]
+        # c10d ignores --node_rank: node 0 hosts the store, where torch's guess compares MASTER_ADDR with this host
         conf = f"is_host={str(self.node_rank == 0).lower()},join_timeout={self.timeout},read_timeout={self.timeout}"
         return [f"--nnodes={self.nnodes}", "--rdzv_backend", "c10d", "--rdzv_endpoint", self.endpoint,
                 "--rdzv_id", self.run_id, "--rdzv_conf", conf, *local]
@@ -61,6 +48,7 @@ def resolve(settings: Settings) -> Rendezvous:
     if nnodes in (None, 1):
         if rank not in (None, 0):
             raise UsageError(f"{rank_from}={rank} but the job has one node: node ranks start at 0")
+        # loopback: torchrun would name the store by a host name, which `docker run --network none` cannot resolve
         return Rendezvous(1, 0, f"{LOOPBACK}:0", None, {"nnodes": nnodes_from or "default"}, nproc, LOOPBACK)
     if rank is None:
         raise UsageError(f"{nnodes_from}={nnodes} but this node's rank is unset: set NODE_RANK (0-{nnodes - 1})")
