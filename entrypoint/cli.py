@@ -12,6 +12,7 @@ import shlex
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import asdict
 
 from entrypoint import contract, discovery, launch, plan, preflight
@@ -51,8 +52,7 @@ def say(text, environ, stream=None):
 
 
 def reported(findings, settings, environ, lines=()) -> int:
-    """Print findings, one line each, then `lines` (progress, on stdout): 2 if a failure stops the launch
-    (PREFLIGHT=strict), else 0. Warnings are not printed beside a failure: it comes alone."""
+    """Print the findings (a failure alone, without the warnings), then `lines` on stdout: 2 if a failure stops."""
     failures = [f.text for f in findings if f.fatal and settings.preflight == "strict"]
     for text in failures or [f"warning: {f.text}" for f in findings]:
         say(text, environ)
@@ -62,7 +62,7 @@ def reported(findings, settings, environ, lines=()) -> int:
 
 
 def dry_run(resolved, settings, environ) -> int:
-    findings, answer = preflight.recipes_pass(resolved, settings, environ, print_config=True, check_files=False)
+    findings, answer = preflight.recipes_pass(resolved, environ, print_config=True, check_files=False)
     if reported([f for f in findings if f.fatal], settings, environ) or not answer:
         return 2
     shown = {**asdict(resolved), "model_size": answer["model"], "notes": answer["lines"],
@@ -82,16 +82,15 @@ def check(resolved, settings, environ, root) -> int:
     fetched = subprocess.run(preflight.fetch_argv(resolved, settings, check=True),
                              env=fetch_env(environ)).returncode if resolved.assets else 0
     pending = settings.init_from == "hub" and fetched == 3  # the weights come at launch: nothing to read yet
-    more, answer = preflight.recipes_pass(resolved, settings, environ, check_files=not pending)
+    more, answer = preflight.recipes_pass(resolved, environ, check_files=not pending)
     code = reported(findings + more, settings, environ, answer.get("lines", ())) or (2 if fetched not in (0, 3) else 0)
     say(f"check: {'the launch would start' if not code else 'the launch would stop'}: {resolved.config} on "
         f"{resolved.nproc} {plan.UNIT[resolved.devices.kind]}", environ, sys.stdout)
     return code
 
 
-def prepare(resolved, settings, environ, root, leases) -> int:
-    """Everything between the plan and torchrun; 0 to go on, else the launcher's exit status. A lease taken on
-    the checkpoint folder is appended to `leases`, for main to release."""
+def prepare(resolved, settings, environ, root, held: ExitStack) -> int:
+    """Everything between the plan and torchrun: 0 to go on, else the exit status; a lease lasts while `held`."""
     from entrypoint import lease
 
     findings = preflight.run(resolved, settings, environ, root)  # warnings after the fetch: a failure comes alone
@@ -102,11 +101,12 @@ def prepare(resolved, settings, environ, root, leases) -> int:
         return code
     reported([f for f in findings if not f.fatal], settings, environ)
     if resolved.checkpoint_dir and resolved.rendezvous.node_rank == 0:
-        leases.append(lease.Lease(resolved.checkpoint_dir, settings.rdzv_id or settings.slurm_job_id))
-        taken_over = leases[-1].take()
+        taken = lease.Lease(resolved.checkpoint_dir, settings.rdzv_id or settings.slurm_job_id)
+        taken_over = taken.take()
+        held.callback(taken.release)
         if taken_over:
             say(f"warning: {taken_over}", environ)
-    findings, answer = preflight.recipes_pass(resolved, settings, environ, fix=True)
+    findings, answer = preflight.recipes_pass(resolved, environ, fix=True)
     return reported(findings, settings, environ, answer.get("lines", ()))
 
 
@@ -146,10 +146,9 @@ def main(argv=None, environ=None, root="/") -> int:
         return dry_run(resolved, settings, environ)
     if args.check:
         return check(resolved, settings, environ, root)
-    leases = []
-    try:
+    with ExitStack() as held:
         try:
-            code = prepare(resolved, settings, environ, root, leases)
+            code = prepare(resolved, settings, environ, root, held)
         except (contract.UsageError, OSError) as error:  # e.g. a lease held by a live job
             say(str(error), environ)
             return launch.stop_status() or 2
@@ -160,6 +159,3 @@ def main(argv=None, environ=None, root="/") -> int:
         workers = {name: value for name, value in environ.items() if name != "HF_TOKEN"}  # only the fetch needs it
         peer = (resolved.rendezvous.endpoint, settings.peer_timeout) if resolved.rendezvous.node_rank else None
         return launch.run(resolved.argv, {**workers, **resolved.env}, settings.stop_grace, peer)
-    finally:
-        for held in leases:
-            held.release()

@@ -34,8 +34,8 @@ def accepting(allowed):
     return mark
 
 
-def choice(*options, allowed=None):
-    @accepting(allowed or "one of: " + ", ".join(options))
+def choice(*options):
+    @accepting("one of: " + ", ".join(options))
     def parse(raw) -> str:
         if raw not in options:
             raise ValueError
@@ -141,12 +141,10 @@ def host(raw) -> str:
 @accepting("`all`, or local ranks like 0 or 0,3")
 def local_ranks(raw) -> str:
     """torchrun's `--local-ranks-filter`."""
-    if raw == "all":
-        return raw
     ranks = [part.strip() for part in raw.split(",")]
-    if not all(part.isdigit() for part in ranks) or len(set(ranks)) != len(ranks):
+    if raw != "all" and (not all(map(str.isdigit, ranks)) or len(set(ranks)) != len(ranks)):
         raise ValueError
-    return ",".join(ranks)
+    return raw if raw == "all" else ",".join(ranks)
 
 
 @accepting("auto or a positive integer")
@@ -158,15 +156,8 @@ def procs_per_node(raw) -> int | None:
 @accepting("a Slurm node list like trn-[001-003,007]")
 def node_list(raw) -> tuple:
     """Slurm's compressed host list: `trn-[001-003,007],head[1-2]` -> ("trn-001", ..., "head2"), padding kept."""
-    items, depth, start = [], 0, 0
-    for i, char in enumerate(raw + ","):
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if depth not in (0, 1):
-            raise ValueError
-        if char == "," and depth == 0:
-            items.append(raw[start:i])
-            start = i + 1
-    if depth:
+    items = re.findall(r"(?:[^,\[\]]|\[[^\[\]]*\])+", raw)  # commas inside brackets do not split
+    if not raw or ",".join(items) != raw:  # an empty item, a stray or nested bracket
         raise ValueError
     return tuple(word(name) for item in items for name in _expand(item))
 

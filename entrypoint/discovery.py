@@ -4,6 +4,7 @@ One function per device kind, reading under a filesystem `root` (tests pass a fa
 `neuron-ls` are enough to count, no device runtime is imported.
 """
 
+import glob
 import json
 import os
 import re
@@ -28,10 +29,7 @@ class Devices:
 
 def _numbered(root, prefix):
     """The N of every <root>/dev/<prefix>N, sorted; any file counts, device node or not."""
-    try:
-        names = os.listdir(os.path.join(root, "dev"))
-    except OSError:
-        return []
+    names = map(os.path.basename, glob.glob(os.path.join(glob.escape(root), "dev", f"{prefix}*")))
     return sorted(int(m[1]) for m in (re.fullmatch(rf"{prefix}(\d+)", name) for name in names) if m)
 
 

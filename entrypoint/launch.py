@@ -121,13 +121,10 @@ def host_watch(endpoint, timeout, done):
 
     def probe():
         while not done.is_set():
-            try:
-                socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE).close()
+            with suppress(OSError):  # unreachable or timed out: no answer
+                with suppress(ConnectionRefusedError):  # refused: the host answered
+                    socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE).close()
                 answered[:] = [time.monotonic()]
-            except ConnectionRefusedError:
-                answered[:] = [time.monotonic()]
-            except OSError:
-                pass
             done.wait(PROBE)
 
     threading.Thread(target=probe, name="rendezvous-host-watch", daemon=True).start()

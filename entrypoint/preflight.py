@@ -4,6 +4,7 @@ Stdlib only: the checks that need a file format or the config run in children wi
 assets: neuron_qwen3/fetch.py; the rest: `recipes_pass`, neuron_qwen3/preflight.py).
 """
 
+import glob
 import importlib.util
 import json
 import os
@@ -106,8 +107,7 @@ def limits(root="/", processes=MANY_PROCESSES, getrlimit=resource.getrlimit, set
         if soft < NOFILE_MIN and processes >= MANY_PROCESSES:
             findings.append(warn(f"open-file limit (nofile) is {soft}, below {NOFILE_MIN}: many ranks fail with "
                                  "'Too many open files'; docker run --ulimit nofile=65536:65536"))
-    efa = os.path.isdir(os.path.join(root, "dev", "infiniband")) and any(
-        name.startswith("uverbs") for name in os.listdir(os.path.join(root, "dev", "infiniband")))
+    efa = bool(glob.glob(os.path.join(glob.escape(root), "dev", "infiniband", "uverbs*")))
     memlock = getrlimit(resource.RLIMIT_MEMLOCK)[0]
     if efa and memlock != resource.RLIM_INFINITY:
         findings.append(warn(f"EFA devices are present but locked memory is limited to {memlock >> 10} KiB: "
@@ -143,18 +143,13 @@ def writable(plan: Plan, settings: Settings, environ) -> list:
     dirs = [(name, env[name]) for name in CACHE_VARS if name in env and "://" not in env[name]]
     dirs += [("CHECKPOINT_DIR", plan.checkpoint_dir)] if plan.checkpoint_dir else []
     dirs += [("OUTPUT_DIR", settings.output_dir)]
-    findings = []
-    for name, path in dirs:
-        why = _writable(path)
-        if why:
-            mounted = "CACHE_DIR" if name in CACHE_VARS and name not in environ else name
-            findings.append(fail(f"{path} ({name}) {why}; mount a writable volume at {mounted}"))
-    return findings
+    return [fail(f"{path} ({name}) {why}; mount a writable volume at "
+                 f"{'CACHE_DIR' if name in CACHE_VARS and name not in environ else name}")
+            for name, path in dirs if (why := _writable(path))]
 
 
 def fetch_argv(plan: Plan, settings: Settings, check=False) -> list:
-    """The recipes' asset child (it reads the index and downloads with huggingface_hub, neither stdlib): what the
-    assets folder lacks, fetched, or why it cannot be."""
+    """The asset child (index, huggingface_hub: not stdlib): what the folder lacks, fetched, or why it cannot be."""
     return [sys.executable, "-m", f"{RECIPE_MODULE}.fetch", plan.model, plan.assets,
             *["--weights"] * (settings.init_from == "hub"), *["--offline"] * settings.hf_hub_offline,
             *["--check"] * check]
@@ -180,7 +175,7 @@ def run(plan: Plan, settings: Settings, environ, root="/") -> list:
             *writable(plan, settings, environ), *dataset(settings)]
 
 
-def request(plan: Plan, settings: Settings, print_config=False, check_files=True, fix=False) -> dict:
+def request(plan: Plan, print_config=False, check_files=True, fix=False) -> dict:
     """What the recipes' pre-launch pass is asked (neuron_qwen3/preflight.py). `fix`: node 0 moves broken
     checkpoints aside."""
     return {"args": list(plan.worker_args), "model": plan.model, "variant": plan.variant, "locks": REPO,
@@ -188,12 +183,12 @@ def request(plan: Plan, settings: Settings, print_config=False, check_files=True
             "check_files": check_files, "fix_checkpoints": fix, "node_rank": plan.rendezvous.node_rank}
 
 
-def recipes_pass(plan: Plan, settings: Settings, environ, **asked):
+def recipes_pass(plan: Plan, environ, **asked):
     """(findings, answer) of the recipes' pre-launch pass over the workers' exact arguments, in a child
     interpreter (it imports torch and torchtitan: seconds)."""
     env = {**{name: value for name, value in environ.items() if name != "HF_TOKEN"}, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-m", f"{RECIPE_MODULE}.preflight"],
-                            input=json.dumps(request(plan, settings, **asked)), capture_output=True, text=True, env=env)
+                            input=json.dumps(request(plan, **asked)), capture_output=True, text=True, env=env)
     try:
         answer = json.loads(result.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):

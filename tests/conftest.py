@@ -116,7 +116,7 @@ def recipes_pass(tmp_path, **env) -> dict:
     environ = {"SCALE": "smoke", "OUTPUT_DIR": str(tmp_path / "out"), "CACHE_DIR": str(tmp_path / "cache"), **env}
     settings = contract.parse(environ)
     resolved = plan.build(settings, discovery.discover(settings, str(tmp_path)), environ)
-    return preflight.run(launcher_preflight.request(resolved, settings))
+    return preflight.run(launcher_preflight.request(resolved))
 
 
 @pytest.fixture(scope="session")

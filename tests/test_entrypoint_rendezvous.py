@@ -114,7 +114,9 @@ BAD = [("NNODES", "0"), ("NNODES", "two"), ("NODE_RANK", "-1"), ("MASTER_ADDR", 
        ("PET_NNODES", "1:4"), ("PET_NODE_RANK", "x"), ("PET_MASTER_PORT", "-1"), ("PET_NPROC_PER_NODE", "gpu"),
        ("PET_NPROC_PER_NODE", "0"), ("SLURM_NNODES", ""), ("SLURM_NODEID", "a"), ("SLURM_JOB_NODELIST", "trn-[3-1]"),
        ("SLURM_JOB_NODELIST", "trn-[1-2"), ("SLURM_JOB_NODELIST", "a,,b"), ("SLURM_JOB_NODELIST", "a[]"),
-       ("SLURM_JOB_NODELIST", "a[1-]"), ("SLURM_JOB_NODELIST", "a[x]"), ("SLURM_JOB_ID", "1 2"),
+       ("SLURM_JOB_NODELIST", "a[1-]"), ("SLURM_JOB_NODELIST", "a[x]"),
+       ("SLURM_JOB_NODELIST", "a]b"), ("SLURM_JOB_NODELIST", "a[[1]]"), ("SLURM_JOB_NODELIST", "a[1],"),
+       ("SLURM_JOB_NODELIST", ",a"), ("SLURM_JOB_ID", "1 2"),
     ("LOCAL_ADDR", "bad host"), ("RDZV_TIMEOUT", "0"), ("RDZV_TIMEOUT", "10m"), ("PEER_TIMEOUT", "0"),
     ("PEER_TIMEOUT", "-5")]
 
