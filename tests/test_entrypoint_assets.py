@@ -47,8 +47,8 @@ def test_fetch_downloads_the_tokenizer_and_config_and_never_prints_the_token(hub
 def test_a_failed_fetch_is_one_redacted_line_and_status_1(hub, tmp_path):
     result = fetch(hub, tmp_path / "Qwen3-4B", FAKE_HUB_FAIL="1")
     assert result.returncode == 1 and TOKEN not in result.stdout + result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("entrypoint: could not")]
-    assert errors == ["entrypoint: could not fetch Qwen/Qwen3-4B into "
+    errors = [line for line in result.stderr.splitlines() if line.startswith("assets: could not")]
+    assert errors == ["assets: could not fetch Qwen/Qwen3-4B into "
                       f"{tmp_path}/Qwen3-4B: OSError: 401 Client Error for url https://huggingface.co/Qwen/Qwen3-4B "
                       "(Authorization: Bearer ***); to go on, fill it where the Hub is reachable (`hf download "
                       "Qwen/Qwen3-4B --include 'config.json' 'tokenizer.json' 'tokenizer_config.json' 'generation_config.json' "
@@ -59,7 +59,7 @@ def test_a_failed_fetch_is_one_redacted_line_and_status_1(hub, tmp_path):
 def test_offline_or_checked_it_fetches_nothing_and_says_what_is_missing(hub, tmp_path):
     offline = fetch(hub, tmp_path / "Qwen3-4B", "--offline")
     assert (offline.returncode, offline.stdout, offline.stderr.count("\n")) == (2, "", 1), offline.stderr
-    assert offline.stderr.startswith(f"entrypoint: {tmp_path}/Qwen3-4B has no config.json, tokenizer.json, "
+    assert offline.stderr.startswith(f"assets: {tmp_path}/Qwen3-4B has no config.json, tokenizer.json, "
                                      "tokenizer_config.json and HF_HUB_OFFLINE=1 forbids downloading them")
     assert "`hf download Qwen/Qwen3-4B --local-dir" in offline.stderr
     checked = fetch(hub, tmp_path / "Qwen3-4B", "--check")

@@ -168,7 +168,7 @@ def test_offline_full_scale_without_assets_is_one_line_and_status_2(tmp_path):
                         ASSETS_DIR=str(tmp_path / "assets"), CACHE_DIR=str(tmp_path / "c"),
                         OUTPUT_DIR=str(tmp_path / "o"))
     assert (result.returncode, result.stdout, result.stderr.count("\n")) == (2, "", 1), result.stderr
-    assert result.stderr.startswith(f"entrypoint: {tmp_path}/assets/Qwen3-4B has no config.json")
+    assert result.stderr.startswith(f"assets: {tmp_path}/assets/Qwen3-4B has no config.json")
 
 
 def test_unwritable_cache_is_one_line_and_status_2(tmp_path):

@@ -97,8 +97,8 @@ def test_too_little_disk_for_the_weights_stops_before_the_download(hub, tmp_path
 
     result = fetch()
     assert result.returncode == 2 and asked(tmp_path) == []
-    [line] = [line for line in result.stderr.splitlines() if line.startswith("entrypoint: ")]
-    assert line.startswith(f"entrypoint: {MODEL}'s files need ") and "GiB free" in line and TOKEN not in line
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("assets: ")]
+    assert line.startswith(f"assets: {MODEL}'s files need ") and "GiB free" in line and TOKEN not in line
     dest.mkdir()
     (dest / "model-00001-of-00002.safetensors").write_text("")  # a resumed download needs only the other shard
     assert fetch().returncode == 0 and len(asked(tmp_path)) == 1

@@ -98,10 +98,10 @@ def short_of_space(repo, dest, patterns) -> str | None:
 
 
 def download(repo, dest, patterns) -> int:
-    print(f"entrypoint: fetching {repo} ({', '.join(patterns)}) into {dest}", flush=True)
+    print(f"assets: fetching {repo} ({', '.join(patterns)}) into {dest}", flush=True)
     short = unwritable(dest) or short_of_space(repo, dest, patterns)
     if short:
-        print(f"entrypoint: {short}", file=sys.stderr)
+        print(f"assets: {short}", file=sys.stderr)
         return 2
     try:
         from huggingface_hub import snapshot_download
@@ -109,7 +109,7 @@ def download(repo, dest, patterns) -> int:
         snapshot_download(repo_id=repo, local_dir=dest, allow_patterns=patterns)
     except Exception as error:  # network, authorisation, disk: one line, retryable status
         first_line = (str(error).strip().splitlines() or [""])[0]
-        print(f"entrypoint: could not fetch {repo} into {dest}: {type(error).__name__}: {first_line}; to go on, "
+        print(f"assets: could not fetch {repo} into {dest}: {type(error).__name__}: {first_line}; to go on, "
               f"fill it where the Hub is reachable (`hf download {repo} --include "
               f"{' '.join(repr(p) for p in patterns)} --local-dir {dest}`) or mount a folder that has them at "
               "ASSETS_DIR", file=sys.stderr)
@@ -131,25 +131,25 @@ def main(argv=None) -> int:
     absent = missing(args.dest, args.weights)
     if not absent:
         if not args.check:
-            print(f"entrypoint: assets: {args.dest} has {', '.join(ASSETS)}: not fetching", flush=True)
+            print(f"assets: {args.dest} has {', '.join(ASSETS)}: not fetching", flush=True)
         return 0
     if args.offline:
-        print(f"entrypoint: {args.dest} has no {', '.join(absent)} and HF_HUB_OFFLINE=1 forbids downloading them: "
+        print(f"assets: {args.dest} has no {', '.join(absent)} and HF_HUB_OFFLINE=1 forbids downloading them: "
               f"fill ASSETS_DIR first (`hf download {args.repo} --local-dir {args.dest}`) or unset HF_HUB_OFFLINE",
               file=sys.stderr)
         return 2
     if args.check:
         short = unwritable(args.dest)
         if short:
-            print(f"entrypoint: {short}", file=sys.stderr)
+            print(f"assets: {short}", file=sys.stderr)
             return 2
-        print(f"entrypoint: assets: {args.dest} has no {', '.join(absent)}: the launch fetches {args.repo}",
+        print(f"assets: {args.dest} has no {', '.join(absent)}: the launch fetches {args.repo}",
               flush=True)
         return 3
     code = download(args.repo, args.dest, [*ASSETS, *OPTIONAL_ASSETS, *(WEIGHTS if args.weights else ())])
     still = [] if code else missing(args.dest, args.weights)
     if still:
-        print(f"entrypoint: {args.repo} was fetched into {args.dest} but has no {', '.join(still)}", file=sys.stderr)
+        print(f"assets: {args.repo} was fetched into {args.dest} but has no {', '.join(still)}", file=sys.stderr)
     return code or (1 if still else 0)
 
 
