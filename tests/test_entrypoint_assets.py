@@ -13,6 +13,7 @@ import pytest
 import fake_hub
 from fake_hub import TOKEN, asked, full_scale, run_launcher
 
+from entrypoint import cli, launch, preflight
 from neuron_qwen3 import fetch as assets
 
 
@@ -113,3 +114,18 @@ def test_offline_never_fetches(hub, tmp_path, monkeypatch, capfd):
     code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path, HF_HUB_OFFLINE="1"))
     assert code == 2 and launched == [] and asked(tmp_path) == []
     assert err.count("\n") == 1 and "HF_HUB_OFFLINE=1 forbids downloading" in err
+
+
+def test_the_launchers_check_asks_the_child_and_fetches_nothing(hub, tmp_path, monkeypatch, capfd):
+    passes = []
+    monkeypatch.setattr(preflight, "recipes_pass", lambda plan, environ, **asked: passes.append(asked) or ([], {}))
+    monkeypatch.setattr(launch, "watch", lambda: None)  # leave pytest's own signal handlers alone
+    env = full_scale(hub, tmp_path, MODEL="Qwen/Qwen3-0.6B", INIT_FROM="hub")
+    assert cli.main(["--check"], env) == 0
+    out, err = capfd.readouterr()
+    assert "the launch fetches Qwen/Qwen3-0.6B" in out and "check: the launch would start" in out, out + err
+    assert asked(tmp_path) == [] and not (tmp_path / "assets").exists()
+    assert passes == [{"check_files": False}]  # the weights come at launch: the pass has nothing to read yet
+    assert cli.main(["--check"], {**env, "HF_HUB_OFFLINE": "1"}) == 2
+    out, err = capfd.readouterr()
+    assert "HF_HUB_OFFLINE=1 forbids downloading" in err and "check: the launch would stop" in out
