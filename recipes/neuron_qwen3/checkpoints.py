@@ -16,12 +16,13 @@ folder is trusted input.
 """
 
 import errno
-import json
 import os
 import re
 import shutil
 import time
 from dataclasses import dataclass
+
+from neuron_qwen3 import fetch
 
 STEP = re.compile(r"step-(\d+)")  # torchtitan's own pattern, searched in each entry of the folder
 ASIDE = "incomplete"  # holds no "step-N" in its name, so torchtitan neither loads nor purges it
@@ -80,12 +81,9 @@ def problem(folder) -> str | None:
     """None if the checkpoint in `folder` is complete, else why not, in a few words."""
     index = os.path.join(folder, "model.safetensors.index.json")  # torchtitan's other format (HF, last step)
     if not os.path.isfile(os.path.join(folder, ".metadata")) and os.path.isfile(index):
-        try:
-            with open(index) as f:
-                files = set(json.load(f)["weight_map"].values())
-        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        missing = fetch.missing_shards(folder)
+        if missing is None:
             return "unreadable model.safetensors.index.json"
-        missing = sorted(name for name in files if not os.path.isfile(os.path.join(folder, name)))
         return f"{missing[0]} is missing" if missing else None
     if not os.path.isfile(os.path.join(folder, ".metadata")):
         return "no .metadata: the save did not finish"

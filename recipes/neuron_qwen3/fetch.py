@@ -36,16 +36,22 @@ class Redacted:
         return getattr(self._stream, name)
 
 
-def weights_present(folder) -> bool:
-    """Every shard model.safetensors.index.json names, else at least one *.safetensors."""
+def missing_shards(folder) -> list | None:
+    """The files model.safetensors.index.json names that `folder` lacks, sorted; None when the index does not read
+    (also the HF checkpoints' completeness, checkpoints.problem)."""
     try:
         with open(os.path.join(folder, "model.safetensors.index.json")) as f:
             shards = set(json.load(f)["weight_map"].values())
-    except FileNotFoundError:
-        return os.path.isdir(folder) and any(name.endswith(".safetensors") for name in os.listdir(folder))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-    return all(os.path.isfile(os.path.join(folder, name)) for name in shards)
+        return None
+    return sorted(name for name in shards if not os.path.isfile(os.path.join(folder, name)))
+
+
+def weights_present(folder) -> bool:
+    """Every shard model.safetensors.index.json names, else at least one *.safetensors."""
+    if os.path.isfile(os.path.join(folder, "model.safetensors.index.json")):
+        return missing_shards(folder) == []
+    return os.path.isdir(folder) and any(name.endswith(".safetensors") for name in os.listdir(folder))
 
 
 def missing(folder, weights=False) -> list:
@@ -56,7 +62,7 @@ def missing(folder, weights=False) -> list:
 
 
 def nearest(path) -> str:
-    """`path`, or the nearest folder above it that exists (the download makes the rest)."""
+    """`path`, or the nearest folder above it that exists (a writer makes the rest; also preflight's export)."""
     path = os.path.abspath(path)
     while not os.path.exists(path):
         path = os.path.dirname(path)

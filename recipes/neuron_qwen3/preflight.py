@@ -37,7 +37,7 @@ import re
 import shutil
 import sys
 
-from neuron_qwen3 import shapes, tuning
+from neuron_qwen3 import fetch, shapes, tuning
 
 CHECKED = ("torch", "torch-neuronx", "transformers", "torchtitan")
 IMAGE_BUILD = "image-build.lock"  # written by the image build (ci/image/record-build.py); only in the image
@@ -231,10 +231,7 @@ def export(config, parameters: int | None) -> list:
                 "checkpoint: choose another folder"]
     if parameters is None:
         return []
-    existing = target
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    needed, free = parameters * EXPORT_BYTES[config.export.dtype], shutil.disk_usage(existing).free
+    needed, free = parameters * EXPORT_BYTES[config.export.dtype], shutil.disk_usage(fetch.nearest(target)).free
     if free < needed:
         return [f"EXPORT_DIR={target!r} has {free >> 20} MiB free but the export needs about {needed >> 20} MiB"]
     return []
@@ -315,8 +312,8 @@ def run(request: dict) -> dict:
         answer["config"] = config.to_dict()
     shape = trained_shape(config)
     if shape is not None:
-        lnc = getattr(getattr(config, "neuron", None), "logical_nc_config", 2)  # a user's MODULE may lack the section
-        memory = shapes.NEURON_GIB_PER_CORE[lnc] if config.device == "neuron" else None
+        neuron = getattr(config, "neuron", None) or trainer.Neuron()  # a user's MODULE may lack the section
+        memory = shapes.NEURON_GIB_PER_CORE[neuron.logical_nc_config] if config.device == "neuron" else None
         fits, why = shapes.fit(shape.parameters(), request["ranks"], memory)
         answer["model"] = {"parameters": shape.parameters(), "fits": fits, "why": why}
         if tuned and request.get("print_config"):  # --dry-run: built on meta, adapters in, base frozen
