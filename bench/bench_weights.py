@@ -21,8 +21,9 @@ other processes hits every row alike:
 Memory: each rank's resident set before an export and its peak during it (the kernel's high-water mark, reset
 first through /proc/self/clear_refs); the workers run with MALLOC_MMAP_THRESHOLD_=1 MiB, so glibc returns every
 freed tensor to the kernel and the resident set is what is live, not what malloc kept. The loaded weights are
-checked against the exported ones (a hash of each rank's shards). Medians of --repeats; GB/s = bytes of
-safetensors / seconds.
+checked against the exported ones (a hash of each rank's shards). Medians of --repeats, and the range of the
+ratios of each repeat's pair (the disk's speed moves from one repeat to the next); GB/s = bytes of safetensors /
+seconds.
 """
 
 import argparse
@@ -239,7 +240,9 @@ def report(args, label, parameters, size, files, largest, world, everyone) -> No
     base = {"export": "plain write", "old export": "plain write", "INIT_FROM load": "plain read",
             "torchtitan load": "plain read"}
     for name, seconds in median.items():
-        ratio = f"  {median[base[name]] / seconds:5.2f}x {base[name]}" if name in base else ""
+        paired = sorted(b["s"] / r["s"] for b, r in zip(everyone[0][base.get(name, name)], everyone[0][name]))
+        ratio = (f"  {median[base[name]] / seconds:5.2f}x {base[name]} (each repeat: {paired[0]:.2f}-{paired[-1]:.2f}x)"
+                 if name in base else "")
         print(f"  {name:<15} {seconds:7.3f} s {size / seconds / 1e9:7.3f} GB/s{ratio}")
     for name in ("export", "old export", "INIT_FROM load", "torchtitan load"):
         if not everyone[0][name]:
