@@ -71,16 +71,10 @@ def dry_run(resolved, settings, environ) -> int:
     return 0
 
 
-def fetch_env(environ) -> dict:
-    """The asset child's environment, the only one with HF_TOKEN (stripped: a secret file ends in a newline)."""
-    env = {name: value for name, value in environ.items() if name not in contract.SECRETS}
-    return {**env, **({"HF_TOKEN": environ["HF_TOKEN"].strip()} if environ.get("HF_TOKEN") else {})}
-
-
 def check(resolved, settings, environ, root) -> int:
     findings = preflight.run(resolved, settings, environ, root)
     fetched = subprocess.run(preflight.fetch_argv(resolved, settings, check=True),
-                             env=fetch_env(environ)).returncode if resolved.assets else 0
+                             env=contract.child_env(environ, fetch=True)).returncode if resolved.assets else 0
     pending = settings.init_from == "hub" and fetched == 3  # the weights come at launch: nothing to read yet
     more, answer = preflight.recipes_pass(resolved, environ, check_files=not pending)
     code = reported(findings + more, settings, environ, answer.get("lines", ())) or (2 if fetched not in (0, 3) else 0)
@@ -96,7 +90,8 @@ def prepare(resolved, settings, environ, root, held: ExitStack) -> int:
     findings = preflight.run(resolved, settings, environ, root)  # warnings after the fetch: a failure comes alone
     code = reported([f for f in findings if f.fatal], settings, environ)
     if not code and resolved.assets:
-        code = launch.run(preflight.fetch_argv(resolved, settings), fetch_env(environ), settings.stop_grace)
+        code = launch.run(preflight.fetch_argv(resolved, settings), contract.child_env(environ, fetch=True),
+                          settings.stop_grace)
     if code:
         return code
     reported([f for f in findings if not f.fatal], settings, environ)
@@ -156,6 +151,6 @@ def main(argv=None, environ=None, root="/") -> int:
             return launch.stop_status() or code
         line = shlex.join([f"{name}={value}" for name, value in resolved.env.items()] + list(resolved.argv))
         say(line, environ, sys.stdout)
-        workers = {name: value for name, value in environ.items() if name != "HF_TOKEN"}  # only the fetch needs it
         peer = (resolved.rendezvous.endpoint, settings.peer_timeout) if resolved.rendezvous.node_rank else None
-        return launch.run(resolved.argv, {**workers, **resolved.env}, settings.stop_grace, peer)
+        workers = {**contract.child_env(environ), **resolved.env}
+        return launch.run(resolved.argv, workers, settings.stop_grace, peer)

@@ -382,6 +382,12 @@ def stray_names(env) -> list:
     return lines
 
 
+def child_env(environ, fetch=False) -> dict:
+    """HF_TOKEN goes to the asset fetch alone (stripped: a secret file ends in a newline), no other secret there."""
+    env = {name: value for name, value in environ.items() if name not in (SECRETS if fetch else ("HF_TOKEN",))}
+    return {**env, "HF_TOKEN": environ["HF_TOKEN"].strip()} if fetch and environ.get("HF_TOKEN") else env
+
+
 def redact(text: str, env) -> str:
     """Hide every secret of `env` (HF_TOKEN, WANDB_API_KEY) in anything printed: error lines, the plan, the launch
     line. Also each without its surrounding whitespace: a Kubernetes secret made from a file keeps its newline."""

@@ -16,7 +16,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 
-from entrypoint.contract import Settings
+from entrypoint.contract import Settings, child_env
 from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
 from entrypoint.plan import CACHE_VARS as CACHE_VARS_BY_KIND
 from entrypoint.plan import Plan
@@ -186,7 +186,7 @@ def request(plan: Plan, print_config=False, check_files=True, fix=False) -> dict
 def recipes_pass(plan: Plan, environ, **asked):
     """(findings, answer) of the recipes' pre-launch pass over the workers' exact arguments, in a child
     interpreter (it imports torch and torchtitan: seconds)."""
-    env = {**{name: value for name, value in environ.items() if name != "HF_TOKEN"}, "HF_HUB_OFFLINE": "1"}
+    env = {**child_env(environ), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-m", f"{RECIPE_MODULE}.preflight"],
                             input=json.dumps(request(plan, **asked)), capture_output=True, text=True, env=env)
     try:

@@ -134,3 +134,10 @@ def test_values_are_parsed_to_their_final_types():
 @pytest.mark.parametrize("model", ["Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B-Base", "Qwen/Qwen3-30B-A3B-Instruct-2507"])
 def test_model_takes_any_qwen3_hub_id(model):
     assert contract.parse({"MODEL": model}).model == model
+
+
+def test_the_hub_token_reaches_the_asset_fetch_alone_stripped():
+    environ = {"PATH": "/bin", "HF_TOKEN": "hf_from_a_file\n", "WANDB_API_KEY": "wandb_key"}
+    assert contract.child_env(environ, fetch=True) == {"PATH": "/bin", "HF_TOKEN": "hf_from_a_file"}
+    assert contract.child_env(environ) == {"PATH": "/bin", "WANDB_API_KEY": "wandb_key"}  # workers log to W&B
+    assert contract.child_env({"PATH": "/bin", "HF_TOKEN": ""}, fetch=True) == {"PATH": "/bin"}
