@@ -240,9 +240,11 @@ def report(args, label, parameters, size, files, largest, world, everyone) -> No
     base = {"export": "plain write", "old export": "plain write", "INIT_FROM load": "plain read",
             "torchtitan load": "plain read"}
     for name, seconds in median.items():
-        paired = sorted(b["s"] / r["s"] for b, r in zip(everyone[0][base.get(name, name)], everyone[0][name]))
-        ratio = (f"  {median[base[name]] / seconds:5.2f}x {base[name]} (each repeat: {paired[0]:.2f}-{paired[-1]:.2f}x)"
-                 if name in base else "")
+        ratio = ""
+        if name in base:  # each repeat's pair too: the disk's speed moves from one repeat to the next
+            paired = sorted(b["s"] / r["s"] for b, r in zip(everyone[0][base[name]], everyone[0][name]))
+            ratio = (f"  {median[base[name]] / seconds:5.2f}x {base[name]} "
+                     f"(each repeat: {paired[0]:.2f}-{paired[-1]:.2f}x)")
         print(f"  {name:<15} {seconds:7.3f} s {size / seconds / 1e9:7.3f} GB/s{ratio}")
     for name in ("export", "old export", "INIT_FROM load", "torchtitan load"):
         if not everyone[0][name]:
