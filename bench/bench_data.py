@@ -8,7 +8,7 @@ chat template), synthetic records of realistic length (multi-turn conversations 
 and results, reasoning; text documents), read from a .jsonl by neuron_qwen3.data.DataLoader itself: JSON, the
 chat template's rendering, tokenization, the loss mask, fitting and packing into seq_len windows. Speed is
 tokens per second of process CPU time in one thread (one core), so other load on the machine barely moves it.
-The yardstick: one trn2 rank (a logical NeuronCore, LNC=2: two physical cores of 79 TFLOPS bf16, issue 19's
+The yardstick: one trn2 rank (a logical NeuronCore, LNC=2: two physical cores of 79 TFLOPS bf16, AWS's
 figure) training Qwen3-4B at 40 % MFU at sequence 4096, FLOPs per token as the run report counts them.
 The goal is at least 10x that per core.
 """
@@ -24,7 +24,9 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: the figure is per 
 
 import torch  # noqa: E402
 
-from neuron_qwen3 import flops, shapes  # noqa: E402
+from neuron_qwen3 import shapes  # noqa: E402
+
+from neuron_qwen3.report import flops
 from tests import qwen_size  # noqa: E402
 
 PHYSICAL_CORE_FLOPS, LNC, MFU, SEQ_LEN = 79e12, 2, 0.40, 4096

@@ -23,7 +23,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from neuron_qwen3 import selftest as names  # the log patterns: LOSS_LINE, COLOUR
+from neuron_qwen3.prelaunch import selftest as names  # the log patterns: LOSS_LINE, COLOUR
 
 REPO = Path(__file__).resolve().parent.parent
 START_GOAL_S = 0.15

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 dist.init_process_group("gloo")
 if sys.argv[1] == "teardown":
-    from neuron_qwen3 import teardown
+    from neuron_qwen3.run import teardown
     teardown.at_exit()
 side = dist.new_group(backend="gloo", timeout=timedelta(seconds=60))
 for _ in range(3):

@@ -8,7 +8,7 @@ so the full run loads the same weights) and train the same data with the same se
 (full, LoRA, full, LoRA ... for --repeats) so load from other processes hits both alike. Per run: the step time
 (median of the steps after the first two, which build graphs), the peak memory torchtitan logs (on CPU the
 process's peak RSS), and the bytes rank 0 holds after step 1 in gradients and optimizer state, measured in the
-worker (neuron_qwen3/lora.py: log_state_bytes). The claim checked: gradients and optimizer state shrink as the
+worker (neuron_qwen3/lora/adapters.py: log_state_bytes). The claim checked: gradients and optimizer state shrink as the
 trainable fraction (LoRA's trainable parameters over full fine-tuning's) does: each LoRA / full ratio is printed
 beside it, and asserted within 1% of it.
 """
@@ -26,7 +26,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKOUT = {"PYTHONPATH": os.pathsep.join((os.path.join(REPO, "recipes"), REPO))}  # this checkout's code, everywhere
-COLOUR = r"\x1b\[[0-9;]*m"  # torchtitan's terminal colours (neuron_qwen3/selftest.py), stripped before matching
+COLOUR = r"\x1b\[[0-9;]*m"  # torchtitan's terminal colours (neuron_qwen3/prelaunch/selftest.py), stripped before matching
 STATE = re.compile(r"state after step 1 on this rank: ([\d,]+) trainable parameters; parameters ([\d.]+) MiB, "
                    r"gradients ([\d.]+) MiB \((\d+) tensors\), optimizer state ([\d.]+) MiB")
 WARMUP = 2

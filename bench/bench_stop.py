@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from neuron_qwen3 import selftest as names  # the log patterns: LOSS_LINE, COLOUR
+from neuron_qwen3.prelaunch import selftest as names  # the log patterns: LOSS_LINE, COLOUR
 
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(names.COLOUR)

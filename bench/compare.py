@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from neuron_qwen3.plots import plot_losses
+from neuron_qwen3.report.plots import plot_losses
 
 REPO = Path(__file__).resolve().parents[1]
 COLUMNS = ("run", "end", "steps", "tokens/s", "x first", "s/step", "MFU %", "peak GiB", "loss first", "loss last")

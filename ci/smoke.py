@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 from ci import build_image, standin, wheelhouse
-from neuron_qwen3 import selftest as names  # the log patterns: LOSS_LINE, COLOUR
+from neuron_qwen3.prelaunch import selftest as names  # the log patterns: LOSS_LINE, COLOUR
 
 STEPS = os.environ.get("NQ_SMOKE_STEPS", "4")
 NEURON_DEVICES = 4  # x 4 logical cores per trn2 device at LNC 2 = 16 processes

@@ -106,7 +106,7 @@ def prepare(resolved, settings, environ, root, held: ExitStack) -> int:
 
 
 def self_test(settings, environ, root) -> int:
-    """`--self-test`: the devices found here, then the checks that need torch in a child (neuron_qwen3/selftest.py)."""
+    """`--self-test`: the devices found here, then the checks that need torch in a child (neuron_qwen3/prelaunch/selftest.py)."""
     devices = discovery.discover(settings, root)
     if devices.kind != "neuron":
         print(f"self-test: no Neuron devices here (found {devices.kind}): this is not a Trainium host; run it on a "
@@ -114,7 +114,7 @@ def self_test(settings, environ, root) -> int:
         return 2
     print(f"self-test: PASS devices: {len(devices.nodes)} Neuron devices, {devices.count} logical NeuronCores at "
           f"LNC {devices.lnc}", flush=True)
-    return launch.run([sys.executable, "-m", f"{RECIPE_MODULE}.selftest"], dict(environ), settings.stop_grace)
+    return launch.run([sys.executable, "-m", f"{RECIPE_MODULE}.prelaunch.selftest"], dict(environ), settings.stop_grace)
 
 
 def main(argv=None, environ=None, root="/") -> int:

@@ -67,11 +67,12 @@ def integer(allowed, low=0, high=None, refused=()):
 DECIMAL = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?"  # no sign, nan, inf, `_` or hex: what a user means by a number
 
 
-def decimal(allowed, low, high):
-    """A number above `low`, at most `high`."""
+def decimal(allowed, low, high, from_low=False):
+    """A number above `low` (from `low` with `from_low`), at most `high`."""
     @accepting(allowed)
     def parse(raw) -> float:
-        if not re.fullmatch(DECIMAL, raw) or not low < float(raw) <= high:
+        if not re.fullmatch(DECIMAL, raw) or not (low <= float(raw) if from_low else low < float(raw)) \
+                or not float(raw) <= high:
             raise ValueError
         return float(raw)
 
@@ -211,8 +212,9 @@ VARS = (
     Var("COMPILE", "0", switch, "torch.compile (backend `neuron` on Trainium, `inductor` elsewhere)",
         flag="--compile.enable --compile.backend"),
     Var("STEPS", None, positive_int, "training steps; default: the config's", flag="--training.steps"),
-    Var("LR", None, decimal("a number above 0, at most 1, like 2e-5", 0, 1), "peak learning rate, every param "
-        "group; default: the config's (8e-4), 2e-5 with INIT_FROM (torchtitan's Qwen3 SFT)", flag="--tune.lr"),
+    Var("LR", None, decimal("a number from 0 to 1, like 2e-5", 0, 1, from_low=True), "peak learning rate, every "
+        "param group (0: the weights stay); default: the config's (8e-4), 2e-5 with INIT_FROM (torchtitan's Qwen3 "
+        "SFT)", flag="--tune.lr"),
     Var("WARMUP_STEPS", None, matching(r"\d+|0?\.\d*[1-9]\d*", "whole steps, or a fraction of the steps below 1 "
         "like 0.03"), "linear warm-up to LR; default: the config's, 0.08 with INIT_FROM",
         flag="--tune.warmup"),

@@ -1,7 +1,7 @@
 """The launcher's checks, after the plan and before torchrun, one line each (docs/production.md, "Preflight").
 
 Stdlib only: the checks that need a file format or the config run in children with the real libraries (the
-assets: neuron_qwen3/fetch.py; the rest: `recipes_pass`, neuron_qwen3/preflight.py).
+assets: neuron_qwen3/hf/fetch.py; the rest: `recipes_pass`, neuron_qwen3/prelaunch/preflight.py).
 """
 
 import glob
@@ -150,7 +150,7 @@ def writable(plan: Plan, settings: Settings, environ) -> list:
 
 def fetch_argv(plan: Plan, settings: Settings, check=False) -> list:
     """The asset child (index, huggingface_hub: not stdlib): what the folder lacks, fetched, or why it cannot be."""
-    return [sys.executable, "-m", f"{RECIPE_MODULE}.fetch", plan.model, plan.assets,
+    return [sys.executable, "-m", f"{RECIPE_MODULE}.hf.fetch", plan.model, plan.assets,
             *["--weights"] * (settings.init_from == "hub"), *["--offline"] * settings.hf_hub_offline,
             *["--check"] * check]
 
@@ -176,7 +176,7 @@ def run(plan: Plan, settings: Settings, environ, root="/") -> list:
 
 
 def request(plan: Plan, print_config=False, check_files=True, fix=False) -> dict:
-    """What the recipes' pre-launch pass is asked (neuron_qwen3/preflight.py). `fix`: node 0 moves broken
+    """What the recipes' pre-launch pass is asked (neuron_qwen3/prelaunch/preflight.py). `fix`: node 0 moves broken
     checkpoints aside."""
     return {"args": list(plan.worker_args), "model": plan.model, "variant": plan.variant, "locks": REPO,
             "ranks": plan.nproc * plan.rendezvous.nnodes, "print_config": print_config,
@@ -187,7 +187,7 @@ def recipes_pass(plan: Plan, environ, **asked):
     """(findings, answer) of the recipes' pre-launch pass over the workers' exact arguments, in a child
     interpreter (it imports torch and torchtitan: seconds)."""
     env = {**child_env(environ), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-m", f"{RECIPE_MODULE}.preflight"],
+    result = subprocess.run([sys.executable, "-m", f"{RECIPE_MODULE}.prelaunch.preflight"],
                             input=json.dumps(request(plan, **asked)), capture_output=True, text=True, env=env)
     try:
         answer = json.loads(result.stdout.strip().splitlines()[-1])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_qwen3 import selftest
+from neuron_qwen3.prelaunch import selftest
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
@@ -107,11 +107,11 @@ def launcher_at(root, *args) -> list:
 
 
 def recipes_pass(tmp_path, **env) -> dict:
-    """The answer of the recipes' pre-launch pass (neuron_qwen3/preflight.py) to the request the launcher makes for
+    """The answer of the recipes' pre-launch pass (neuron_qwen3/prelaunch/preflight.py) to the request the launcher makes for
     `env` at smoke scale, computed in this process: the launcher runs the same pass in a child interpreter, whose
     imports take seconds (one line and exit 2 for a problem: test_entrypoint_preflight.py)."""
     from entrypoint import contract, discovery, plan, preflight as launcher_preflight
-    from neuron_qwen3 import preflight
+    from neuron_qwen3.prelaunch import preflight
 
     environ = {"SCALE": "smoke", "OUTPUT_DIR": str(tmp_path / "out"), "CACHE_DIR": str(tmp_path / "cache"), **env}
     settings = contract.parse(environ)

@@ -69,7 +69,7 @@ def run_launcher(monkeypatch, capsys, environ):
     real_run, launched = launch.run, []
 
     def run(argv, child_env, grace, peer=None):
-        if "neuron_qwen3.fetch" in argv:
+        if "neuron_qwen3.hf.fetch" in argv:
             return real_run(argv, child_env, grace)
         launched.append(argv)
         return 0

@@ -13,5 +13,5 @@ SHAPE = dataclasses.replace(shapes.FLAVORS["30B-A3B"], n_layers=2, num_experts=8
 def nki_moe_real_width():
     """The nki_moe smoke twin's training settings (bundled tokenizer) at this shape. It derives from the full
     nki_moe config and keeps its report (variant nki_moe, scale full), so on CPU it computes in float32 as that
-    one does (trainer.cpu_float32)."""
+    one does (finish.cpu_float32)."""
     return config_registry._with_small_model(config_registry.nki_moe_qwen3_30b_a3b(), "real_width", SHAPE)

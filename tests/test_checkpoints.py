@@ -1,6 +1,6 @@
 """Which checkpoint a restart resumes from: real DCP checkpoints (written by torch), then damaged on purpose.
 
-The pre-launch pass reads them with torch's own DCP reader (recipes/neuron_qwen3/checkpoints.py); the fixture
+The pre-launch pass reads them with torch's own DCP reader (recipes/neuron_qwen3/prelaunch/checkpoints.py); the fixture
 writes them with torch, as torchtitan does.
 Run: .venv/bin/python -m pytest tests/test_checkpoints.py -q
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_qwen3 import checkpoints
+from neuron_qwen3.prelaunch import checkpoints
 
 REPO = Path(__file__).resolve().parent.parent
 WRITE = """

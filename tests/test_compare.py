@@ -1,10 +1,10 @@
-"""The comparison table and plots (bench/compare.py, recipes/neuron_qwen3/plots.py) on hand-written run folders."""
+"""The comparison table and plots (bench/compare.py, recipes/neuron_qwen3/report/plots.py) on hand-written run folders."""
 
 import io
 import json
 
 from bench import compare
-from neuron_qwen3 import plots
+from neuron_qwen3.report import plots
 
 
 def run_folder(path, variant, tokens_per_s, compiled=False, mfu=None):

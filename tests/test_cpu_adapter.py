@@ -53,7 +53,7 @@ def test_lse_path_matches_logsumexp():
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from neuron_qwen3.cpu_adapter import dense_attention
+    from neuron_qwen3.quirks.cpu_adapter import dense_attention
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
@@ -69,7 +69,7 @@ def test_lse_path_matches_logsumexp():
 def test_refuses_other_torchtitan_versions(monkeypatch):
     import torchtitan
 
-    from neuron_qwen3 import cpu_adapter
+    from neuron_qwen3.quirks import cpu_adapter
 
     monkeypatch.setattr(torchtitan, "__version__", "0.4.0")
     monkeypatch.setattr(cpu_adapter, "_active", False)
@@ -80,7 +80,7 @@ def test_refuses_other_torchtitan_versions(monkeypatch):
 def test_inert_when_an_accelerator_exists(monkeypatch):
     import torch
 
-    from neuron_qwen3 import cpu_adapter
+    from neuron_qwen3.quirks import cpu_adapter
 
     assert cpu_adapter.needed()  # this host has none
     monkeypatch.setattr(torch._utils, "_get_available_device_type", lambda: "neuron")

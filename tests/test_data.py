@@ -58,7 +58,7 @@ def test_records_that_cannot_train_are_one_line_of_the_pre_launch_pass(tmp_path,
 
 
 def test_good_datasets_pass(tmp_path):
-    """Multi-turn chat with a system turn (refused before issue 19), prompt/completion, parquet text."""
+    """Multi-turn chat with a system turn, prompt/completion, parquet text."""
     from neuron_qwen3 import data
 
     (tmp_path / "chat.jsonl").write_text(json.dumps(CHAT) + "\n")

@@ -1,4 +1,4 @@
-"""The worker's device set-up (recipes/neuron_qwen3/devices.py), first thing in the project's trainers.
+"""The worker's device set-up (recipes/neuron_qwen3/quirks/devices.py), first thing in the project's trainers.
 
 Stock `python -m torchtitan.train` imports torchtitan's trainer, which picks its device and copies the choice into
 several modules, before any recipe runs. A stand-in `torch_neuronx` (what TorchNeuron does at import: a PrivateUse1
@@ -31,7 +31,7 @@ PROBE = textwrap.dedent(
     import torchtitan.trainer  # as stock torchtitan.train: the device is picked and copied here
     import torchtitan.distributed.parallel_dims as copied
     from torchtitan.tools import utils
-    from neuron_qwen3 import devices
+    from neuron_qwen3.quirks import devices
     picked = utils.device_type
     kind = devices.set_up(sys.argv[1])
     print(f"picked {picked}; set up {kind}; torchtitan {utils.device_type}; copied {copied.device_type}")

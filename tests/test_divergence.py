@@ -13,9 +13,11 @@ import pytest
 
 from conftest import ANSI, REPO, STEP_LOSS, worker_env
 
-from neuron_qwen3 import checkpoints, divergence
+from neuron_qwen3.prelaunch import checkpoints
 
 # A user's recipes module: the smoke trainer, whose logged loss is multiplied by `inject_factor` at `inject_step`
+
+from neuron_qwen3.run import divergence
 # (the weights are not touched: the stop, not the damage, is under test). Its exit handler, registered at import,
 # before the trainer's teardown.py, runs after it and says whether the process group was destroyed and how many
 # trainers are still alive.

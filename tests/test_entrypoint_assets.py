@@ -14,7 +14,7 @@ import fake_hub
 from fake_hub import TOKEN, asked, full_scale, run_launcher
 
 from entrypoint import cli, launch, preflight
-from neuron_qwen3 import fetch as assets
+from neuron_qwen3.hf import fetch as assets
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def hub(tmp_path):
 
 
 def fetch(hub, dest, *flags, **env):
-    return subprocess.run([sys.executable, "-m", "neuron_qwen3.fetch", "Qwen/Qwen3-4B", str(dest), *flags],
+    return subprocess.run([sys.executable, "-m", "neuron_qwen3.hf.fetch", "Qwen/Qwen3-4B", str(dest), *flags],
                           env={**hub, **env}, capture_output=True, text=True, timeout=60)
 
 

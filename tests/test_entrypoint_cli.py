@@ -87,7 +87,7 @@ def test_dry_run_on_four_neuron_devices_needs_no_torch_neuronx(tmp_path):
 
 
 def test_dry_run_at_full_scale_on_cpu_says_it_computes_in_float32(tmp_path):
-    """The workers' device set-up makes a full-scale config float32 on CPU (trainer.cpu_float32); the dry run
+    """The workers' device set-up makes a full-scale config float32 on CPU (finish.cpu_float32); the dry run
     shows the config as they will run it and says why. PYTHONPATH: a worktree's recipes, not the installed ones."""
     result = entrypoint("--dry-run", root=neuron_tree(tmp_path), SCALE="full", VARIANT="nki_moe",
                         PYTHONPATH=os.environ.get("PYTHONPATH", ""))
@@ -96,8 +96,8 @@ def test_dry_run_at_full_scale_on_cpu_says_it_computes_in_float32(tmp_path):
     assert [line.split(" (")[0] for line in shown["notes"]] == ["precision: float32"], shown["notes"]
     config = shown["torchtitan_config"]
     assert (config["device"], config["training"]["mixed_precision_param"]) == ("cpu", "float32")
-    assert config["override"]["imports"] == [["neuron_qwen3.moe.experts.nki_grouped_experts",
-                                               {"compute_dtype": "float32"}]]
+    assert config["override"]["imports"] == [["neuron_qwen3.moe.experts.nki_grouped_experts",  # as the workers
+                                               {"kernel": "auto", "logical_nc_config": 2, "compute_dtype": "float32"}]]
 
 
 @pytest.mark.skipif(HAS_TORCH_NEURONX, reason="torch_neuronx is installed here")

@@ -123,7 +123,8 @@ def test_a_fine_tunes_warm_up_is_a_fraction_of_the_epochs_steps(chat, tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from neuron_qwen3 import config_registry, tuning
+    from neuron_qwen3 import config_registry
+    from neuron_qwen3.run import tuning
     from neuron_qwen3.data import epochs
 
     (tmp_path / "config.json").write_bytes((config_registry.HF_MODEL["smoke"] / "config.json").read_bytes())

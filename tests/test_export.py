@@ -1,4 +1,4 @@
-"""The streamed Hugging Face export (neuron_qwen3.weights.export, sharded.py) on one process, against transformers.
+"""The streamed Hugging Face export (neuron_qwen3.hf.weights.export, shards.py) on one process, against transformers.
 
 Smoke-size models with `--export.max_shard_mb 1`, so every export is several files (the layout's own tests use
 a limit of 300 KB). The two-rank export is in test_export_ranks.py (torchrun).
@@ -14,7 +14,8 @@ import torch
 
 from conftest import folder_tensors
 
-from neuron_qwen3 import config_registry, sharded, shapes, weights
+from neuron_qwen3 import config_registry, shapes
+from neuron_qwen3.hf import shards, weights, write
 
 SHARD = 300_000  # bytes, for the layout's tests
 
@@ -36,7 +37,7 @@ def trainer(name, target="", dtype="bfloat16"):
 
 
 def layout(run, dtype=torch.bfloat16, shard=SHARD):
-    return sharded.plan(weights._adapter(run), run.model_parts[0].state_dict(), dtype, shard)
+    return shards.plan(weights._adapter(run), run.model_parts[0].state_dict(), dtype, shard)
 
 
 def expected(run, dtype):
@@ -74,7 +75,7 @@ def test_the_pieces_are_the_checkpointers_state_dict(name):
     from torchtitan.components.checkpoint import ModelWrapper
 
     run = trainer(name)
-    pieces = [piece() for piece in sharded.state_dict_pieces(run.model_parts)]
+    pieces = [piece() for piece in shards.state_dict_pieces(run.model_parts)]
     joined = {key: value for piece in pieces for key, value in piece.items()}
     whole = ModelWrapper(run.model_parts).state_dict()
     assert list(joined) == list(whole) and all(torch.equal(joined[k], whole[k]) for k in whole)
@@ -84,7 +85,7 @@ def test_the_pieces_are_the_checkpointers_state_dict(name):
 
 def test_pieces_keep_only_the_keys_asked_for():
     run = trainer("native_qwen3_smoke")
-    norms = [piece() for piece in sharded.state_dict_pieces(run.model_parts, keep=lambda key: "norm" in key)]
+    norms = [piece() for piece in shards.state_dict_pieces(run.model_parts, keep=lambda key: "norm" in key)]
     keys = [key for piece in norms for key in piece]
     assert keys and all("norm" in key for key in keys)
     assert keys == [key for key in run.model_parts[0].state_dict() if "norm" in key]
@@ -107,7 +108,7 @@ def test_gathered_units_give_the_same_files(tmp_path, monkeypatch, name):
     run = trainer(name, tmp_path / "in-place")
     assert all(unit.slices for unit in layout(run).units)
     weights.export(run)
-    monkeypatch.setattr(sharded, "in_place", lambda value: False)
+    monkeypatch.setattr(shards, "in_place", lambda value: False)
     run.config.export.dir = str(tmp_path / "gathered")
     weights.export(run)
     for name in os.listdir(tmp_path / "in-place"):
@@ -128,8 +129,8 @@ def test_the_header_is_the_one_safetensors_writes():
     from safetensors.torch import save
 
     values = {"b": torch.ones(7, dtype=torch.float32), "a": torch.zeros(3, 5, dtype=torch.bfloat16)}
-    entries = [sharded.Entry(name, tuple(v.shape), v.dtype) for name, v in values.items()]
-    ours = sharded.header(entries)
+    entries = [shards.Entry(name, tuple(v.shape), v.dtype) for name, v in values.items()]
+    ours = shards.header(entries)
     assert save(values, metadata={"format": "pt"}).startswith(ours)
 
 
@@ -138,7 +139,7 @@ def test_a_failed_write_leaves_no_folder_and_keeps_the_earlier_export(tmp_path, 
     run = trainer("native_qwen3_smoke", target)
     weights.export(run)
     before = {f: (target / f).read_bytes() for f in os.listdir(target)}
-    real, calls = sharded.pwrite_all, []
+    real, calls = write.pwrite_all, []
 
     def fail_the_fifth(fd, tensor, offset):
         calls.append(offset)
@@ -146,7 +147,7 @@ def test_a_failed_write_leaves_no_folder_and_keeps_the_earlier_export(tmp_path, 
             raise OSError(28, "No space left on device")
         real(fd, tensor, offset)
 
-    monkeypatch.setattr(sharded, "pwrite_all", fail_the_fifth)
+    monkeypatch.setattr(write, "pwrite_all", fail_the_fifth)
     with torch.no_grad():
         run.model_parts[0].norm.weight.fill_(2.0)  # a changed model: a half-done export would show it
     with pytest.raises(weights.ExportError, match=rf"^the export to {target} failed, nothing was written there: "

@@ -18,7 +18,7 @@ import torch
 from conftest import ANSI, REPO, STEP_LOSS, worker_env
 
 pytestmark = pytest.mark.training
-ZERO_LR = "--optimizer.param-groups.0.optimizer-kwargs.lr 0"
+ZERO_LR = "--tune.lr 0"  # the weights stay: a round trip
 
 
 def losses(result) -> dict:
@@ -102,7 +102,7 @@ def test_runs_finish_and_export(done):
     for result in (a, b):
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert sorted(losses(a)) == list(range(1, 9)) and sorted(losses(b)) == [1, 2]
-    for result in (a, b):  # INIT_FROM by hf_load.py, not torchtitan's initial load (the round trip below: exact)
+    for result in (a, b):  # INIT_FROM by hf/load.py, not torchtitan's initial load (the round trip below: exact)
         assert "Loaded the Hugging Face weights of" in result.stdout + result.stderr
 
 

@@ -4,10 +4,10 @@ template, a bad record stops the worker with its one line.
 - v5 = native: from one random Qwen3ForCausalLM that transformers saved, both variants trained through
   `python -m entrypoint` on the same multi-turn conversations (system, tool calls and results, thinking) give the
   same loss at every step, within fp32 noise, over several optimizer steps. With the v5 backend's old plain
-  causal mask they do not (checked by hand: see the report of issue 19).
+  causal mask they do not (checked by hand when the block-causal mask came in).
 - SFT on 2 processes: the loss falls, and transformers serves the export: its loss on the training conversations
   is the trained one, and it answers a new question in a well-formed turn that ends with <|im_end|>.
-- every bad record of issue 19: the pre-launch pass names it in one line and starts nothing (exit 2); with
+- every kind of bad record: the pre-launch pass names it in one line and starts nothing (exit 2); with
   PREFLIGHT=warn it reaches the worker, which prints the same line, exits 2 (torchrun's failure table says so,
   with that line and no traceback; torchrun itself exits 1), and no step runs.
 Run: .venv/bin/python -m pytest tests/test_finetune_chat.py -q

@@ -16,7 +16,7 @@ import pytest
 import fake_hub
 from fake_hub import TOKEN, asked, full_scale, run_launcher
 
-from neuron_qwen3 import fetch as assets
+from neuron_qwen3.hf import fetch as assets
 
 MODEL = "Qwen/Qwen3-0.6B"  # any dense MODEL but native's default, so the plan's model is the one fetched
 
@@ -39,7 +39,7 @@ def test_missing_weights_count_only_when_asked(tmp_path):
 
 def test_fetch_with_weights_gets_every_shard_and_never_prints_the_token(hub, tmp_path):
     dest = tmp_path / "Qwen3-0.6B"
-    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.fetch", MODEL, str(dest), "--weights"],
+    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.hf.fetch", MODEL, str(dest), "--weights"],
                             env=hub, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert TOKEN not in result.stdout + result.stderr and "100%" in result.stderr  # progress passes through
@@ -91,7 +91,7 @@ def test_too_little_disk_for_the_weights_stops_before_the_download(hub, tmp_path
     shard = int(shutil.disk_usage(tmp_path).free * 0.6)  # two shards do not fit, one does
 
     def fetch():
-        return subprocess.run([sys.executable, "-m", "neuron_qwen3.fetch", MODEL, str(dest), "--weights"],
+        return subprocess.run([sys.executable, "-m", "neuron_qwen3.hf.fetch", MODEL, str(dest), "--weights"],
                               env={**hub, "FAKE_HUB_SHARD_BYTES": str(shard)}, capture_output=True, text=True,
                               timeout=60)
 

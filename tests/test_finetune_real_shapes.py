@@ -7,7 +7,7 @@ sequence, the source saved in bfloat16 (as the Hub's) and exported in bfloat16 (
   moe:   MODULE=real_width_recipes CONFIG=nki_moe_real_width (tests/real_width_recipes.py): Qwen3-30B-A3B's width
          (2048, experts of 768, 32 heads, 4 KV heads, untied) with 2 layers of 8 experts, top 2, 0.74 B
          parameters; 1 rank (on 2, the whole test peaked at 23.6 GiB and the kernel killed a rank); one file.
-Both compute in float32 on CPU (trainer.cpu_float32), which the launcher's pre-launch pass says.
+Both compute in float32 on CPU (finish.cpu_float32), which the launcher's pre-launch pass says.
 The source folders carry the bundled tokenizer (2,048 ids, all below the vocabulary) and its chat template.
 Cost (2 shared cores): 2.9 min; peak 17.7 GiB for the process tree, the MoE worker's step 2 (fp32 weights,
 gradients and Adam state, 16 B a parameter, plus FSDP's unsharded copies); the dense worker peaks at 15.0 GiB.
@@ -28,7 +28,7 @@ from conftest import ANSI, REPO, STEP_LOSS, folder_tensors, worker_env
 
 pytestmark = pytest.mark.training
 TESTS = os.path.dirname(os.path.abspath(__file__))
-ZERO_LR = "--optimizer.param-groups.0.optimizer-kwargs.lr 0"
+ZERO_LR = "--tune.lr 0"  # the weights stay: a round trip
 SHORT = "--training.seq_len 64 --metrics.log_freq 1"
 # Qwen/Qwen3-0.6B's config.json on the Hub; Qwen/Qwen3-30B-A3B's with 2 layers of 8 experts, top 2
 DENSE = {"architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
@@ -112,7 +112,7 @@ def test_two_steps_through_the_launcher(done, name):
 
 
 def test_summary_names_the_variant_and_scale_of_a_model_run(done):
-    """A MODEL= run's summary.json names its variant, scale and config (issue 22: they were null)."""
+    """A MODEL= run's summary.json names its variant, scale and config (not null)."""
     _, export, _ = done["dense"]
     summary = json.loads(open(f"{export}-out/report/summary.json").read())
     assert (summary["variant"], summary["scale"], summary["config"], summary["model"]) == (

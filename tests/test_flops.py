@@ -1,4 +1,4 @@
-"""The one FLOPs formula (recipes/neuron_qwen3/flops.py) against a hand count, the honest peaks, and the
+"""The one FLOPs formula (recipes/neuron_qwen3/report/flops.py) against a hand count, the honest peaks, and the
 metrics backends every config turns on."""
 
 import json
@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from neuron_qwen3 import config_registry, flops, shapes
+from neuron_qwen3 import config_registry, shapes
+from neuron_qwen3.report import flops
 
 SEQ = 256
 

@@ -1,4 +1,4 @@
-"""INIT_FROM's load (hf_load.py): over three FSDP ranks (torchrun, gloo) against the saved weights and torchtitan's
+"""INIT_FROM's load (load.py): over three FSDP ranks (torchrun, gloo) against the saved weights and torchtitan's
 own load; in process, one unsharded model and the folders it refuses.
 
 Run: .venv/bin/python -m pytest tests/test_hf_load.py
@@ -83,14 +83,14 @@ def saved(tmp_path, change=lambda tensors: None):
 
 
 def test_an_unsharded_model_loads_every_weight_and_its_fused_qkv_as_torchtitans_merge_lays_it_out(tmp_path):
-    from neuron_qwen3 import hf_load
+    from neuron_qwen3.hf import load
 
     model, adapter, tensors = saved(tmp_path)
     expected = {key: value.clone() for key, value in model.state_dict().items()}
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
-    assert hf_load.load([model], adapter, str(tmp_path))
+    assert load.load([model], adapter, str(tmp_path))
     found = model.state_dict()
     assert any(key.endswith("wq.weight") for key in found)  # the fused QKV, as its state-dict hook splits it
     assert all(torch.equal(found[key], expected[key]) for key in expected)
@@ -102,8 +102,8 @@ def test_an_unsharded_model_loads_every_weight_and_its_fused_qkv_as_torchtitans_
     (lambda t: t.update({"model.norm.weight": torch.ones(3)}), "model.norm.weight is [3] in the folder, the model's is"),
 ])
 def test_a_missing_or_misshapen_tensor_is_one_line_naming_it(tmp_path, change, error):
-    from neuron_qwen3 import hf_load
+    from neuron_qwen3.hf import load
 
     model, adapter, _ = saved(tmp_path, change)
-    with pytest.raises(hf_load.LoadError, match=re.escape(error)):
-        hf_load.load([model], adapter, str(tmp_path))
+    with pytest.raises(load.LoadError, match=re.escape(error)):
+        load.load([model], adapter, str(tmp_path))

@@ -16,7 +16,8 @@ from conftest import RECIPES
 
 from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
 
-from neuron_qwen3 import config_registry, hf_rope_fix
+from neuron_qwen3 import config_registry
+from neuron_qwen3.quirks import hf_rope_fix
 
 hf_rope_fix.apply()  # as Qwen3TransformersTrainer.__init__ does
 

@@ -26,8 +26,8 @@ import torch
 
 from conftest import REPO, recipes_pass
 
-from neuron_qwen3 import lora
-from neuron_qwen3.lora import TARGETS
+from neuron_qwen3.lora import adapters, footprint
+from neuron_qwen3.lora.adapters import TARGETS
 
 
 def launcher(tmp_path, **env):
@@ -113,7 +113,7 @@ def parsed(*flags, config="native_qwen3_smoke"):
 
 
 def test_an_adapter_folder_names_its_base_and_becomes_the_initial_load(tmp_path, dense_base):
-    from neuron_qwen3 import lora_io
+    from neuron_qwen3.lora import folders
 
     adapter, assets = tmp_path / "adapter", tmp_path / "assets"
     adapter.mkdir()
@@ -122,14 +122,14 @@ def test_an_adapter_folder_names_its_base_and_becomes_the_initial_load(tmp_path,
                            ("Qwen/Qwen3-8B", assets / "Qwen3-8B")):
         (tmp_path / "base").mkdir(exist_ok=True)
         (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": name}))
-        assert lora_io.adapter_base(str(adapter), str(assets / "Qwen3-4B")) == str(expected)
-    assert not lora_io.is_adapter_folder(str(dense_base))  # a model folder is no adapter folder
+        assert folders.adapter_base(str(adapter), str(assets / "Qwen3-4B")) == str(expected)
+    assert not folders.is_adapter_folder(str(dense_base))  # a model folder is no adapter folder
     (adapter / "adapter_config.json").write_text(json.dumps({
         "peft_type": "LORA", "r": 4, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"],
         "base_model_name_or_path": str(dense_base)}))
     config = parsed(f"--checkpoint.initial_load_path={adapter}", "--checkpoint.initial_load_in_hf",
                     "--export.merged=True")
-    assert lora_io.resolve(config) == lora.LoRASettings(rank=4, alpha=16.0, targets=("q_proj", "v_proj"),
+    assert folders.resolve(config) == adapters.LoRASettings(rank=4, alpha=16.0, targets=("q_proj", "v_proj"),
                                                         merged=True, adapter=str(adapter))
     assert config.checkpoint.initial_load_path == str(dense_base)
 
@@ -138,12 +138,13 @@ def test_an_adapter_folder_names_its_base_and_becomes_the_initial_load(tmp_path,
 def test_resuming_with_lora_does_not_ignore_init_from(tmp_path, dense_base, monkeypatch, lora_flags, ignored):
     """A complete checkpoint wins over INIT_FROM, except with LoRA: its base loads on every start, and the
     checkpoint's fingerprint is checked against it before launch."""
-    from neuron_qwen3 import checkpoints, lora_io, preflight
+    from neuron_qwen3.lora import folders
+    from neuron_qwen3.prelaunch import checkpoints, preflight
 
     folder = tmp_path / "checkpoint"
     monkeypatch.setattr(checkpoints, "prepare", lambda *_, **__: (3, []))  # a step to resume
     asked = []
-    monkeypatch.setattr(lora_io, "check_resume_base", lambda step, base: asked.append((step, base)) or [])
+    monkeypatch.setattr(folders, "check_resume_base", lambda step, base: asked.append((step, base)) or [])
     args = ["--module", "neuron_qwen3", "--config", "native_qwen3_smoke", "--checkpoint.enable",
             f"--checkpoint.folder={folder}", f"--checkpoint.initial_load_path={dense_base}",
             "--checkpoint.initial_load_in_hf", *lora_flags]
@@ -154,7 +155,7 @@ def test_resuming_with_lora_does_not_ignore_init_from(tmp_path, dense_base, monk
 
 
 def test_the_dry_run_states_trainable_frozen_and_memory(dense_base):
-    from neuron_qwen3 import preflight
+    from neuron_qwen3.prelaunch import preflight
 
     args = ["--module", "neuron_qwen3", "--config", "native_qwen3_smoke", "--lora.rank=4",
             f"--checkpoint.initial_load_path={dense_base}", "--checkpoint.initial_load_in_hf"]
@@ -201,7 +202,7 @@ def logits(model, tokens):
 def test_every_target_maps_to_a_module(variant):
     _, model = built(variant, "meta")
     family = FAMILY[variant]
-    sites = lora.insert(model, lora.LoRASettings(rank=2, targets=TARGETS[family]), family)
+    sites = adapters.insert(model, adapters.LoRASettings(rank=2, targets=TARGETS[family]), family)
     layers = 2
     assert len(sites) == layers * len(TARGETS[family])
     assert {s.hf_module.split(".", 3)[3] + (f".{s.hf_param}" if s.hf_param else "") for s in sites} == {
@@ -216,7 +217,7 @@ def dense_attention(monkeypatch):
     import torchtitan.experiments.transformers_modeling_backend.model as hf_backend
     import torchtitan.models.common.attention as attention
 
-    from neuron_qwen3 import cpu_adapter
+    from neuron_qwen3.quirks import cpu_adapter
 
     monkeypatch.setattr(attention.FlexAttention, "compiled_flex_attn", staticmethod(cpu_adapter._native_flex_attention))
     monkeypatch.setattr(hf_backend, "flex_attention_forward", cpu_adapter._hf_flex_attention_forward)
@@ -229,11 +230,11 @@ def test_b_zero_changes_nothing_and_only_adapters_train(variant, dense_attention
     tokens = torch.randint(0, 2048, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         before = logits(model, tokens)
-    lora.insert(model, lora.LoRASettings(rank=4, targets=TARGETS[family]), family)
+    adapters.insert(model, adapters.LoRASettings(rank=4, targets=TARGETS[family]), family)
     # FSDP reads each parameter back by its name (getattr); a name that gave a merged tensor made it the base
     assert all(model.get_parameter(name) is p for name, p in model.named_parameters())
-    lora.freeze_base(model)
-    for adapter in lora.adapters(model):
+    adapters.freeze_base(model)
+    for adapter in adapters.adapters(model):
         adapter.reset_parameters()
         bound = 1 / adapter.fan_in ** 0.5  # PEFT: kaiming_uniform_(a=sqrt(5)) over (rank x in)
         assert adapter.lora_A.abs().max() <= bound and adapter.lora_A.std() > bound / 3
@@ -241,8 +242,8 @@ def test_b_zero_changes_nothing_and_only_adapters_train(variant, dense_attention
     with torch.no_grad():
         assert torch.equal(logits(model, tokens), before)
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    assert trainable and all(lora.is_adapter_key(name) for name in trainable)
-    for adapter in lora.adapters(model):
+    assert trainable and all(adapters.is_adapter_key(name) for name in trainable)
+    for adapter in adapters.adapters(model):
         torch.nn.init.normal_(adapter.lora_B, std=0.02)
     logits(model, tokens).float().square().mean().backward()
     assert {name for name, p in model.named_parameters() if p.grad is not None} == trainable
@@ -250,8 +251,8 @@ def test_b_zero_changes_nothing_and_only_adapters_train(variant, dense_attention
 
 def test_a_target_no_module_matches_is_one_line_in_the_worker():
     _, model = built("nki_moe", "meta")  # an MoE model, told it is dense: the family check passes, the model has none
-    with pytest.raises(lora.LoRAError) as caught:
-        lora.insert(model, lora.LoRASettings(rank=2, targets=("q_proj", "gate_proj")), "dense")
+    with pytest.raises(adapters.LoRAError) as caught:
+        adapters.insert(model, adapters.LoRASettings(rank=2, targets=("q_proj", "gate_proj")), "dense")
     assert str(caught.value).startswith("LORA_TARGETS: gate_proj matches no module of this model") and \
         "\n" not in str(caught.value)
 
@@ -260,16 +261,16 @@ def test_lora_refuses_tensor_and_expert_parallelism():
     from types import SimpleNamespace
 
     dims = SimpleNamespace(tp_enabled=True, ep_enabled=False, pp_enabled=False, tp=2, ep=1, pp=1)
-    parallelize = lora.wrap_parallelize(lambda model, **_: model, lora.LoRASettings(rank=2), "dense")
-    with pytest.raises(lora.LoRAError, match="FSDP only; this run has tp=2, ep=1, pp=1"):
+    parallelize = adapters.wrap_parallelize(lambda model, **_: model, adapters.LoRASettings(rank=2), "dense")
+    with pytest.raises(adapters.LoRAError, match="FSDP only; this run has tp=2, ep=1, pp=1"):
         parallelize(torch.nn.Linear(2, 2), parallel_dims=dims)
 
 
 def test_the_lora_section_is_the_settings():
-    assert lora.settings_of(parsed()) is None
-    settings = lora.settings_of(parsed("--lora.rank=8", "--lora.targets=q_proj,v_proj", "--export.merged=True"))
-    assert settings == lora.LoRASettings(rank=8, targets=("q_proj", "v_proj"), merged=True) and settings.scale == 2
-    assert lora.LoRASettings(rank=8, alpha=4).scale == 0.5
+    assert adapters.settings_of(parsed()) is None
+    settings = adapters.settings_of(parsed("--lora.rank=8", "--lora.targets=q_proj,v_proj", "--export.merged=True"))
+    assert settings == adapters.LoRASettings(rank=8, targets=("q_proj", "v_proj"), merged=True) and settings.scale == 2
+    assert adapters.LoRASettings(rank=8, alpha=4).scale == 0.5
 
 
 # ---- PEFT's names and layouts ----------------------------------------------------------------------------------
@@ -280,7 +281,7 @@ def peft_model(variant, targets):
     import peft
     import transformers
 
-    from neuron_qwen3 import weights
+    from neuron_qwen3.hf import weights
 
     config, titan = built(variant, "meta")
     if variant == "nki_moe":
@@ -307,42 +308,42 @@ def peft_model(variant, targets):
 def test_the_adapter_file_has_peft_names_and_shapes(variant, targets):
     from safetensors.torch import load_file
 
-    from neuron_qwen3 import lora_io
+    from neuron_qwen3.lora import folders
 
     reference, titan = peft_model(variant, targets)
     family = FAMILY[variant]
-    sites = lora.insert(titan, lora.LoRASettings(rank=4, targets=targets), family)
-    ours = {key: value.shape for key, value in titan.state_dict().items() if lora.is_adapter_key(key)}
+    sites = adapters.insert(titan, adapters.LoRASettings(rank=4, targets=targets), family)
+    ours = {key: value.shape for key, value in titan.state_dict().items() if adapters.is_adapter_key(key)}
     torch.manual_seed(1)
     tensors = {key: torch.randn(shape) for key, shape in ours.items()}
-    exported = lora_io.to_peft(sites, tensors)
+    exported = folders.to_peft(sites, tensors)
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
         reference.save_pretrained(folder)
         theirs = load_file(f"{folder}/adapter_model.safetensors")
     assert {k: tuple(v.shape) for k, v in exported.items()} == {k: tuple(v.shape) for k, v in theirs.items()}
-    back = lora_io.from_peft(sites, exported, ours)
+    back = folders.from_peft(sites, exported, ours)
     assert all(torch.equal(back[key], tensors[key]) for key in tensors)
 
 
 def test_expert_layout_is_the_one_peft_computes_with():
     """Per expert, PEFT's ParamWrapper delta from our exported A/B equals B_e A_e of our [E, ...] layout."""
-    from neuron_qwen3 import lora_io
+    from neuron_qwen3.lora import folders
 
     reference, titan = peft_model("nki_moe", ("experts.gate_up_proj", "experts.down_proj"))
-    sites = lora.insert(titan, lora.LoRASettings(rank=4, alpha=8, targets=("experts.gate_up_proj",
+    sites = adapters.insert(titan, adapters.LoRASettings(rank=4, alpha=8, targets=("experts.gate_up_proj",
                                                                            "experts.down_proj")), "moe")
     torch.manual_seed(2)
-    ours = {k: torch.randn(v.shape) for k, v in titan.state_dict().items() if lora.is_adapter_key(k)}
+    ours = {k: torch.randn(v.shape) for k, v in titan.state_dict().items() if adapters.is_adapter_key(k)}
     reference.load_state_dict({k.replace(".weight", ".default.weight"): v
-                               for k, v in lora_io.to_peft(sites, ours).items()}, strict=False)
+                               for k, v in folders.to_peft(sites, ours).items()}, strict=False)
     experts = reference.base_model.model.model.layers[0].mlp.experts
     for wrapper, site in ((experts.base_layer, sites[0]), (experts, sites[1])):
         a, b = ours[f"{site.key}.lora_A"], ours[f"{site.key}.lora_B"]
         expected = torch.bmm(b, a) * 2.0
         assert torch.allclose(wrapper.get_delta_weight("default"), expected, rtol=1e-5, atol=1e-6)
-        assert torch.allclose(lora_io.delta(site, a, b, 2.0), expected, rtol=1e-5, atol=1e-6)
+        assert torch.allclose(folders.delta(site, a, b, 2.0), expected, rtol=1e-5, atol=1e-6)
 
 
 # ---- torch.compile -----------------------------------------------------------------------------------------------
@@ -352,11 +353,11 @@ def test_expert_layout_is_the_one_peft_computes_with():
 def test_adapted_modules_compile_fullgraph(variant):
     _, model = built(variant)
     family = FAMILY[variant]
-    lora.insert(model, lora.LoRASettings(rank=4, targets=TARGETS[family]), family)
+    adapters.insert(model, adapters.LoRASettings(rank=4, targets=TARGETS[family]), family)
     # FSDP reads each parameter back by its name (getattr); a name that gave a merged tensor made it the base
     assert all(model.get_parameter(name) is p for name, p in model.named_parameters())
-    lora.freeze_base(model)
-    for adapter in lora.adapters(model):
+    adapters.freeze_base(model)
+    for adapter in adapters.adapters(model):
         adapter.reset_parameters()
         torch.nn.init.normal_(adapter.lora_B, std=0.02)
     block = model.layers["0"]
@@ -388,27 +389,27 @@ def test_the_fingerprint_tells_apart_two_bases_of_one_shape(tmp_path, dense_base
 
     import transformers
 
-    from neuron_qwen3 import lora_io
+    from neuron_qwen3.lora import folders
 
     other = tmp_path / "other"
     torch.manual_seed(1)
     transformers.Qwen3ForCausalLM(transformers.AutoConfig.from_pretrained(dense_base)).save_pretrained(other)
     same = tmp_path / "same"
     shutil.copytree(dense_base, same)
-    assert lora_io.base_fingerprint(str(dense_base)) == lora_io.base_fingerprint(str(same))
-    assert (lora_io.base_fingerprint(str(dense_base))["bytes"] == lora_io.base_fingerprint(str(other))["bytes"]
-            and lora_io.base_fingerprint(str(dense_base)) != lora_io.base_fingerprint(str(other)))
-    check = lora_io.BaseCheck(str(other))
-    with pytest.raises(lora.LoRAError, match=r"trained over a base of [\d,]+ bytes \(sha256 \w{12}\), but INIT_FROM"):
-        check.load_state_dict(lora_io.base_fingerprint(str(dense_base)))
-    check.load_state_dict(lora_io.base_fingerprint(str(other)))
+    assert folders.base_fingerprint(str(dense_base)) == folders.base_fingerprint(str(same))
+    assert (folders.base_fingerprint(str(dense_base))["bytes"] == folders.base_fingerprint(str(other))["bytes"]
+            and folders.base_fingerprint(str(dense_base)) != folders.base_fingerprint(str(other)))
+    check = folders.BaseCheck(str(other))
+    with pytest.raises(adapters.LoRAError, match=r"trained over a base of [\d,]+ bytes \(sha256 \w{12}\), but INIT_FROM"):
+        check.load_state_dict(folders.base_fingerprint(str(dense_base)))
+    check.load_state_dict(folders.base_fingerprint(str(other)))
 
 
 def test_the_dry_run_footprint_shrinks_gradients_and_optimizer_with_the_trainable_share():
     from neuron_qwen3 import config_registry
 
     config = config_registry.native_qwen3_smoke()
-    found = lora.dry_run(config, lora.LoRASettings(rank=4), ranks=2)
+    found = footprint.dry_run(config, adapters.LoRASettings(rank=4), ranks=2)
     # 2 layers x (q 128x128 + k, v 128x64 + o 128x128 + gate, up 128x384 + down 384x128), each r x (in + out)
     expected = 2 * 4 * ((128 + 128) * 2 + (128 + 64) * 2 + (128 + 384) * 3)
     assert found.trainable == expected
@@ -420,20 +421,20 @@ def test_the_dry_run_footprint_shrinks_gradients_and_optimizer_with_the_trainabl
 
 
 def test_continuing_an_adapter_takes_its_settings_and_refuses_others(tmp_path, dense_base):
-    from neuron_qwen3 import lora_io
+    from neuron_qwen3.lora import folders
 
     (tmp_path / "adapter_config.json").write_text(json.dumps({
         "peft_type": "LORA", "r": 8, "lora_alpha": 32, "lora_dropout": 0.05, "base_model_name_or_path": str(dense_base),
         "target_modules": ["v_proj", "q_proj"], "target_parameters": ["mlp.experts.down_proj"]}))
     load = (f"--checkpoint.initial_load_path={tmp_path}", "--checkpoint.initial_load_in_hf")
-    assert lora_io.resolve(parsed(*load, "--lora.targets=q_proj,v_proj,experts.down_proj")) == lora.LoRASettings(
+    assert folders.resolve(parsed(*load, "--lora.targets=q_proj,v_proj,experts.down_proj")) == adapters.LoRASettings(
         rank=8, alpha=32.0, dropout=0.05, targets=("v_proj", "q_proj", "experts.down_proj"), adapter=str(tmp_path))
-    with pytest.raises(lora.LoRAError) as caught:
-        lora_io.resolve(parsed(*load, "--lora.rank=4", "--lora.targets=q_proj"))
+    with pytest.raises(adapters.LoRAError) as caught:
+        folders.resolve(parsed(*load, "--lora.rank=4", "--lora.targets=q_proj"))
     assert str(caught.value) == (f"INIT_FROM={tmp_path}: LORA_RANK=4 (the adapter's: 8), LORA_TARGETS=q_proj (the "
                                  "adapter's: experts.down_proj,q_proj,v_proj): unset them to continue the adapter "
                                  "as it is")
     (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 8,
                                                              "use_dora": True, "target_modules": ["q_proj"]}))
-    with pytest.raises(lora.LoRAError, match="with use_dora: this image continues plain LoRA only"):
-        lora_io.resolve(parsed(*load))
+    with pytest.raises(adapters.LoRAError, match="with use_dora: this image continues plain LoRA only"):
+        folders.resolve(parsed(*load))

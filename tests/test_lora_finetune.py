@@ -26,7 +26,7 @@ import torch
 from conftest import ANSI, REPO, STEP_LOSS, worker_env
 
 pytestmark = pytest.mark.training
-ZERO_LR = "--optimizer.param-groups.0.optimizer-kwargs.lr 0"
+ZERO_LR = "--tune.lr 0"  # the weights stay: a round trip
 LR = "8e-4"  # the smoke config's, not the full fine-tuning default (2e-5): the adapters move in 6-8 steps
 MOE_TARGETS = "q_proj,k_proj,v_proj,o_proj,experts.gate_up_proj,experts.down_proj"
 SETTINGS = {"dense": dict(rank=4, alpha=16), "moe": dict(rank=4, targets=tuple(MOE_TARGETS.split(","))),
@@ -58,7 +58,8 @@ def save_dense(folder, seed=0):
 
 def moe_config(compute_dtype="bfloat16"):
     """The nki_moe smoke config as a run loading HF weights builds it; its experts computed in `compute_dtype`."""
-    from neuron_qwen3 import config_registry, weights
+    from neuron_qwen3 import config_registry
+    from neuron_qwen3.hf import weights
 
     config = config_registry.nki_moe_qwen3_smoke()
     config.checkpoint.initial_load_in_hf = True
@@ -70,7 +71,7 @@ def moe_config(compute_dtype="bfloat16"):
 def save_moe(folder):
     import transformers
 
-    from neuron_qwen3 import weights
+    from neuron_qwen3.hf import weights
 
     torch.manual_seed(0)
     shape = weights.native_hf_config(moe_config().model_spec.model, {})
@@ -126,7 +127,9 @@ def trained_titan(done, name):
     checkpoint (fp32, MoE experts in fp32)."""
     from torchtitan.config.override import apply_overrides
 
-    from neuron_qwen3 import config_registry, hf_rope_fix, lora
+    from neuron_qwen3 import config_registry
+    from neuron_qwen3.lora import adapters
+    from neuron_qwen3.quirks import hf_rope_fix
 
     if name == "v5":
         hf_rope_fix.apply()  # as the v5 trainer does before it builds the model
@@ -136,15 +139,15 @@ def trained_titan(done, name):
     apply_overrides(config.override, config)
     with torch.device("meta"):
         model = model_config.build()
-    lora.insert(model, lora.LoRASettings(**SETTINGS[name]), lora.family_of(model_config))
+    adapters.insert(model, adapters.LoRASettings(**SETTINGS[name]), adapters.family_of(model_config))
     model.to_empty(device="cpu")
     with torch.no_grad():
         model.init_weights(buffer_device=None)
     adapter = config.model_spec.state_dict_adapter(model_config, None)
     base = adapter.from_hf(tensors(f"{done['tmp']}/{SOURCE[name]}/model.safetensors"))
-    trained = {k: v for k, v in final_checkpoint(done, name).items() if lora.is_adapter_key(k)}
+    trained = {k: v for k, v in final_checkpoint(done, name).items() if adapters.is_adapter_key(k)}
     result = model.load_state_dict({**base, **trained}, strict=False)
-    assert not result.unexpected_keys and not [k for k in result.missing_keys if lora.is_adapter_key(k)]
+    assert not result.unexpected_keys and not [k for k in result.missing_keys if adapters.is_adapter_key(k)]
     return model
 
 
@@ -221,14 +224,14 @@ def test_merge_and_unload_is_the_merged_export_and_the_base_did_not_move(done, n
 
 @pytest.mark.parametrize("name", ["dense", "moe", "v5"])
 def test_checkpoints_hold_the_adapters_and_their_optimizer_only(done, name):
-    from neuron_qwen3 import lora, lora_io
+    from neuron_qwen3.lora import adapters, folders
 
     state = final_checkpoint(done, name)
     model = [key for key, value in state.items() if isinstance(value, torch.Tensor)]
-    assert model and all(lora.is_adapter_key(key) for key in model), [k for k in model if not lora.is_adapter_key(k)]
+    assert model and all(adapters.is_adapter_key(key) for key in model), [k for k in model if not adapters.is_adapter_key(k)]
     optimizer = [key for key in state["optimizer"] if key.startswith("state.")]
     assert optimizer and all(key.removeprefix("state.").rsplit(".", 1)[0] in model for key in optimizer)
-    assert state[lora_io.BASE_STATE] == lora_io.base_fingerprint(f"{done['tmp']}/{SOURCE[name]}")
+    assert state[folders.BASE_STATE] == folders.base_fingerprint(f"{done['tmp']}/{SOURCE[name]}")
 
 
 def test_the_export_is_a_peft_adapter_folder(done):
@@ -255,7 +258,7 @@ def test_an_adapter_folder_continues_training(done):
 
 def test_a_resume_over_another_base_is_refused_in_one_line(done):
     """The pre-launch pass names it (PREFLIGHT=warn lets the launch go on), and the workers refuse it too."""
-    from neuron_qwen3 import lora_io
+    from neuron_qwen3.lora import folders
 
     result = done["other"]
     step = f"{done['tmp']}/other-checkpoint/step-8"
@@ -266,4 +269,4 @@ def test_a_resume_over_another_base_is_refused_in_one_line(done):
     lines = {line.split("LoRAError: ", 1)[1] for line in (result.stdout + result.stderr).splitlines()
              if "LoRAError: " in line}
     assert len(lines) == 1 and "trained over a base of" in lines.pop()
-    assert lora_io.check_resume_base(step, f"{done['tmp']}/dense-source") == []
+    assert folders.check_resume_base(step, f"{done['tmp']}/dense-source") == []

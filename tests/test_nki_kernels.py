@@ -124,16 +124,16 @@ def test_kernel_path_selection():
 def test_the_runs_neuron_settings_reach_the_experts_override():
     """--neuron.moe_kernel and --neuron.logical_nc_config (from NEURON_QWEN3_MOE_KERNEL and the LNC) become the
     override's kwargs; a kwarg the config function set itself (compute_dtype) stays."""
-    from neuron_qwen3 import trainer
+    from neuron_qwen3 import finish
 
-    assert trainer.NKI_EXPERTS == f"{experts.__name__}.{experts.nki_grouped_experts.__name__}"
+    assert finish.NKI_EXPERTS == f"{experts.__name__}.{experts.nki_grouped_experts.__name__}"
     config = config_registry.nki_moe_qwen3_bench_cpu()
     config.neuron.moe_kernel, config.neuron.logical_nc_config = "reference", 1
-    trainer.configure_nki_experts(config.override, config.neuron)
-    assert config.override.imports == [(trainer.NKI_EXPERTS, {"kernel": "reference", "logical_nc_config": 1,
+    finish.configure_nki_experts(config.override, config.neuron)
+    assert config.override.imports == [(finish.NKI_EXPERTS, {"kernel": "reference", "logical_nc_config": 1,
                                                               "compute_dtype": "float32"})]
     plain = config_registry.native_qwen3_smoke()
-    trainer.configure_nki_experts(plain.override, plain.neuron)
+    finish.configure_nki_experts(plain.override, plain.neuron)
     assert plain.override.imports == []
 
 

@@ -1,4 +1,4 @@
-"""The recipes' pre-launch pass (recipes/neuron_qwen3/preflight.py): the checks that need the real libraries.
+"""The recipes' pre-launch pass (recipes/neuron_qwen3/prelaunch/preflight.py): the checks that need the real libraries.
 
 In process here (this interpreter has torch): the config parsed from the workers' exact arguments, a Hugging Face
 folder written with safetensors, the export's room. The launcher runs the same pass in a child before torchrun
@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import REPO, launcher_at
-from neuron_qwen3 import config_registry, preflight, shapes
+from neuron_qwen3 import config_registry, shapes
+from neuron_qwen3.prelaunch import preflight
 
 SMOKE_CONFIG = json.loads((config_registry.HF_MODEL["smoke"] / "config.json").read_text())
 
@@ -268,7 +269,7 @@ def test_a_moe_folder_saved_by_transformers_is_read_as_transformers_reads_it(tmp
     """transformers 5 writes num_experts as `num_local_experts`; the check reads config.json through AutoConfig."""
     import transformers
 
-    from neuron_qwen3 import weights
+    from neuron_qwen3.hf import weights
 
     parsed = loading(tmp_path / "moe", config_name="nki_moe_qwen3_smoke")
     shape = weights.native_hf_config(parsed.model_spec.model, {})

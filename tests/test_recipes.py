@@ -14,7 +14,7 @@ from entrypoint import contract, plan
 from entrypoint.variants import RECIPE_MODULE, VARIANTS
 from torchtitan.config import ConfigManager
 
-from neuron_qwen3 import config_registry, shapes, trainer
+from neuron_qwen3 import config_registry, finish, shapes
 
 ALL_CONFIGS = [(v.name, scale, name) for v in VARIANTS.values() for scale, name in v.configs.items()]
 
@@ -135,10 +135,10 @@ def test_full_scale_on_cpu_computes_in_float32_and_says_so(variant):
     """torchtitan's bf16 FSDP compute (and the nki_moe experts' own bf16 cast) is emulated on a CPU: the trainer's
     device set-up makes a full-scale config float32 there, for the launcher and stock torchtitan.train alike."""
     config = parsed(VARIANTS[variant].configs["full"])
-    line = trainer.cpu_float32(config, "cpu")
+    line = finish.cpu_float32(config, "cpu")
     assert line.startswith("precision: float32") and config.training.mixed_precision_param == "float32"
-    experts = [entry for entry in config.override.imports if entry != trainer.NKI_EXPERTS]
-    assert experts == ([(trainer.NKI_EXPERTS, {"compute_dtype": "float32"})] if variant == "nki_moe" else [])
+    experts = [entry for entry in config.override.imports if entry != finish.NKI_EXPERTS]
+    assert experts == ([(finish.NKI_EXPERTS, {"compute_dtype": "float32"})] if variant == "nki_moe" else [])
     assert ("nki_moe experts" in line) == (variant == "nki_moe")
 
 
@@ -151,5 +151,5 @@ def test_full_scale_on_cpu_computes_in_float32_and_says_so(variant):
 def test_the_precision_is_the_configs_own_elsewhere(name, kind, flags):
     config = parsed(name, *flags)
     before = (config.training.mixed_precision_param, list(config.override.imports))
-    assert trainer.cpu_float32(config, kind) is None
+    assert finish.cpu_float32(config, kind) is None
     assert (config.training.mixed_precision_param, config.override.imports) == before

@@ -1,9 +1,9 @@
-"""The progress line rank 0 logs with the run report (recipes/neuron_qwen3/report.py), on a fake clock."""
+"""The progress line rank 0 logs with the run report (recipes/neuron_qwen3/report/run_report.py), on a fake clock."""
 
 import json
 import logging
 
-from neuron_qwen3 import report
+from neuron_qwen3.report import run_report
 
 
 class Clock:
@@ -21,7 +21,7 @@ METRICS = {"loss_metrics/global_avg_loss": 2.5, "grad_norm": 1.0, "lr/0": 1e-4, 
 
 def test_the_first_step_at_once_then_at_most_one_line_per_interval(tmp_path, caplog):
     clock = Clock()
-    backend = report.ReportLogger(tmp_path, world_size=1, log_freq=1, steps=100, progress_every=60, clock=clock)
+    backend = run_report.ReportLogger(tmp_path, world_size=1, log_freq=1, steps=100, progress_every=60, clock=clock)
     with caplog.at_level(logging.INFO):
         for step in range(1, 50):  # a step every second for 49 s
             clock.now = step
@@ -35,11 +35,11 @@ def test_the_first_step_at_once_then_at_most_one_line_per_interval(tmp_path, cap
 
 
 def test_validation_records_are_not_training_steps(tmp_path):
-    backend = report.ReportLogger(tmp_path, world_size=1, log_freq=1, steps=10)
+    backend = run_report.ReportLogger(tmp_path, world_size=1, log_freq=1, steps=10)
     backend.log({"validation_metrics/loss": 3.0}, 5)
     [line] = [json.loads(text) for text in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert backend.records == [] and (line["step"], line["validation_loss"]) == (5, 3.0)
 
 
 def test_duration():
-    assert [report.duration(s) for s in (5, 125, 3725)] == ["0m05s", "2m05s", "1h02m"]
+    assert [run_report.duration(s) for s in (5, 125, 3725)] == ["0m05s", "2m05s", "1h02m"]

@@ -1,4 +1,4 @@
-"""The ranks' config comparison (recipes/neuron_qwen3/same_config.py): what is compared and which field is named.
+"""The ranks' config comparison (recipes/neuron_qwen3/run/same_config.py): what is compared and which field is named.
 
 Across two real nodes, under Slurm and with plain variables: tests/test_slurm_nodes.py.
 Run: .venv/bin/python -m pytest tests/test_same_config.py -q
@@ -6,7 +6,7 @@ Run: .venv/bin/python -m pytest tests/test_same_config.py -q
 
 from torchtitan.config import ConfigManager
 
-from neuron_qwen3 import same_config
+from neuron_qwen3.run import same_config
 
 
 def parsed(*flags, config="native_qwen3_smoke"):

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from conftest import ANSI, REPO, STEP_LOSS, worker_env
 
 from entrypoint import contract, launch as launcher
-from neuron_qwen3 import checkpoints
+from neuron_qwen3.prelaunch import checkpoints
 
 pytestmark = pytest.mark.training
 
@@ -57,7 +57,8 @@ def base_model(tmp, variant) -> str:
     """A random model of the variant's smoke shape saved by transformers: the base a LoRA case trains over."""
     import transformers
 
-    from neuron_qwen3 import config_registry, weights
+    from neuron_qwen3 import config_registry
+    from neuron_qwen3.hf import weights
 
     folder = f"{tmp}/{variant}-base"
     if not os.path.isdir(folder):

@@ -17,7 +17,7 @@ from conftest import REPO, launcher_at
 from test_nki_kernels import stand_in_neuron_packages
 
 from entrypoint import cli, contract
-from neuron_qwen3 import selftest
+from neuron_qwen3.prelaunch import selftest
 from neuron_qwen3.moe import nki_kernels
 
 
@@ -38,7 +38,7 @@ def test_devices_verdict_from_the_launchers_discovery_then_the_child(tmp_path, c
     monkeypatch.setattr(cli.launch, "run", lambda argv, env, grace: ran.append(argv) or 0)
     assert cli.self_test(contract.parse({}), {}, str(tmp_path)) == 0
     assert capsys.readouterr().out == "self-test: PASS devices: 2 Neuron devices, 8 logical NeuronCores at LNC 2\n"
-    assert ran == [[sys.executable, "-m", "neuron_qwen3.selftest"]]
+    assert ran == [[sys.executable, "-m", "neuron_qwen3.prelaunch.selftest"]]
 
 
 def test_one_line_per_check_and_the_first_failure_stops(capsys):
@@ -57,7 +57,7 @@ def test_one_line_per_check_and_the_first_failure_stops(capsys):
 
 
 def test_off_neuron_the_child_fails_at_the_runtime_with_one_line():
-    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.selftest"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.prelaunch.selftest"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 1
     [line] = result.stdout.splitlines()

@@ -14,7 +14,8 @@ from torchtitan.models.qwen3 import model_registry
 from entrypoint import contract, plan
 from entrypoint.discovery import Devices
 from entrypoint.variants import VARIANTS
-from neuron_qwen3 import config_registry, preflight, shapes
+from neuron_qwen3 import config_registry, shapes
+from neuron_qwen3.prelaunch import preflight
 
 TRN2 = Devices("neuron", 64, tuple(f"neuron{i}" for i in range(16)), 2)
 

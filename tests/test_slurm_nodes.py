@@ -29,7 +29,7 @@ import slurm_cluster
 from conftest import ANSI, REPO, STEP_LOSS, folder_tensors
 from slurm_cluster import alive, job_state
 
-from neuron_qwen3 import checkpoints
+from neuron_qwen3.prelaunch import checkpoints
 
 pytestmark = pytest.mark.training
 

@@ -12,7 +12,7 @@ from conftest import REPO
 
 from entrypoint.variants import VARIANTS
 
-from neuron_qwen3 import titan_compat
+from neuron_qwen3.quirks import titan_compat
 
 
 def load_config_check():

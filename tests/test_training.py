@@ -1,5 +1,5 @@
 """Integration: every variant's smoke config trains through the launcher on 2 processes (FSDP over gloo; one
-process is what most other test files run), and each run leaves $OUTPUT_DIR/report/ (recipes/neuron_qwen3/report.py)
+process is what most other test files run), and each run leaves $OUTPUT_DIR/report/ (recipes/neuron_qwen3/report/run_report.py)
 that parses; the comparison lists every variant. A stopped run's report is test_save_on_stop.py's.
 
 These are real torchrun runs on CPU (gloo), a few tens of seconds each. Run:
@@ -22,7 +22,8 @@ from conftest import ANSI, REPO, STEP_LOSS, rank_logs, worker_env
 
 from bench import compare
 from entrypoint.variants import VARIANTS
-from neuron_qwen3 import config_registry, plots
+from neuron_qwen3 import config_registry
+from neuron_qwen3.report import plots
 
 pytestmark = pytest.mark.training
 
@@ -91,7 +92,7 @@ def test_nki_moe_matches_native_moe_step_by_step(tmp):
     # Both compute the experts in bf16, in different groupings (torchtitan per expert, the reference in padded
     # 256-row blocks), so even step 1 agrees to bf16 roundings only, and later steps drift further as the input
     # gradient differs by one rounding too (tests/test_nki_experts.py). Measured on this 2-core host on the packed
-    # smoke data (issue 19): step 1 5.4e-5 relative, at most 4.4e-4 over the ten steps (step 10).
+    # smoke data: step 1 5.4e-5 relative, at most 4.4e-4 over the ten steps (step 10).
     assert nki_losses[1] == pytest.approx(native_losses[1], rel=1e-4), (nki_losses[1], native_losses[1])
     for step in native_losses:
         assert nki_losses[step] == pytest.approx(native_losses[step], rel=1e-3), (step, nki_losses, native_losses)

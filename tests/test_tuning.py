@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from conftest import worker_env
-from neuron_qwen3 import preflight, tuning
+from neuron_qwen3.prelaunch import preflight
+from neuron_qwen3.run import tuning
 from neuron_qwen3.trainer import Tune
 
 SMOKE = ["--module", "neuron_qwen3", "--config", "native_qwen3_smoke"]
@@ -41,27 +42,33 @@ def test_without_an_initial_load_the_configs_values_stay_and_the_knobs_set_them(
 def test_a_fine_tune_gets_the_defaults_in_one_line():
     parsed = config(LOAD)
     assert tuning.apply(parsed) == [
-        "fine-tuning defaults (checkpoint.initial_load_path is set): lr 2e-05 for the config's 0.0008; warm-up 1 of 10 "
-        "steps for 2 (LR, WARMUP_STEPS or --tune.lr, --tune.warmup choose others)"]
+        "fine-tuning defaults (checkpoint.initial_load_path is set): lr 2e-05 in place of 0.0008; warm-up 1 of 10 "
+        "steps in place of 2 (LR, WARMUP_STEPS or --tune.lr, --tune.warmup choose others)"]
     assert lr_and_warmup(parsed) == ([tuning.FINETUNE_LR], 1)  # 8 % of 10 steps, at least one
-    assert tuning.apply(parsed) == [] and lr_and_warmup(parsed) == ([tuning.FINETUNE_LR], 1)  # applying again: same
 
 
 @pytest.mark.parametrize("flags, expected", [
     (["--tune.lr=1e-5", "--tune.warmup=0"], ([1e-5], 0)),
-    (["--optimizer.param-groups.0.optimizer-kwargs.lr", "0", "--lr_scheduler.warmup_steps=5"], ([0.0], 5)),
-    (["--optimizer.param-groups.0.optimizer-kwargs.lr", "3e-5"], ([3e-5], 1)),  # torchtitan's flag wins, warm-up not
+    (["--tune.lr=3e-5"], ([3e-5], 1)),  # the warm-up still the fine-tuning default
+    (["--tune.warmup=5"], ([tuning.FINETUNE_LR], 5)),
 ])
-def test_a_fine_tune_keeps_what_was_given_either_way(flags, expected):
+def test_a_fine_tune_keeps_what_the_project_fields_give(flags, expected):
     parsed = config(LOAD, *flags)
     tuning.apply(parsed)
     assert lr_and_warmup(parsed) == expected
 
 
-def test_a_config_that_records_nothing_gets_no_defaults_and_every_param_group_gets_lr():
-    parsed = config(LOAD)
-    parsed.tune = Tune()  # a config function of a user's own, not through `described`
-    assert tuning.apply(parsed) == [] and lr_and_warmup(parsed) == ([8e-4], 2)
+def test_under_a_fine_tune_torchtitans_own_fields_are_replaced_and_the_line_names_them():
+    """Unset means the default: a value given only through torchtitan's flag is not told from the config's, so
+    the line names the replaced value and the project's fields that choose."""
+    parsed = config(LOAD, "--optimizer.param-groups.0.optimizer-kwargs.lr", "3e-5", "--lr_scheduler.warmup_steps=5")
+    (line,) = tuning.apply(parsed)
+    assert "lr 2e-05 in place of 3e-05" in line and "warm-up 1 of 10 steps in place of 5" in line
+    assert lr_and_warmup(parsed) == ([tuning.FINETUNE_LR], 1)
+
+
+def test_every_param_group_gets_lr():
+    parsed = config()
     group = parsed.optimizer.param_groups[0]
     parsed.optimizer.param_groups = [type(group)(pattern="norm", optimizer_name="AdamW",
                                                  optimizer_kwargs={"lr": 1e-3}), group]
@@ -70,9 +77,9 @@ def test_a_config_that_records_nothing_gets_no_defaults_and_every_param_group_ge
     assert lr_and_warmup(parsed)[0] == [5e-5, 5e-5]
 
 
-@pytest.mark.parametrize("flag", ["--tune.lr=0", "--tune.lr=2", "--tune.warmup=2.5", "--tune.warmup=-1"])
+@pytest.mark.parametrize("flag", ["--tune.lr=-1e-5", "--tune.lr=2", "--tune.warmup=2.5", "--tune.warmup=-1"])
 def test_a_bad_value_from_a_stock_command_line_is_one_line(flag):
-    with pytest.raises(ValueError, match=rf"^{flag.split('=')[0]}=\S+ is (not a learning rate above 0 and at most 1|"
+    with pytest.raises(ValueError, match=rf"^{flag.split('=')[0]}=\S+ is (not a learning rate from 0 to 1|"
                                          r"neither a whole number of steps nor a fraction below 1)$"):
         tuning.apply(config(flag))
 

@@ -24,7 +24,7 @@ from conftest import REPO, worker_env
 
 pytestmark = pytest.mark.training
 FP32 = "--training.mixed_precision_param float32"  # FSDP's default bf16 compute would be 1e-3 noise
-ZERO_LR = "--optimizer.param-groups.0.optimizer-kwargs.lr 0"
+ZERO_LR = "--tune.lr 0"  # the weights stay: a round trip
 GENERATION = Path(__file__).resolve().parent / "data" / "qwen3_style_generation.jinja"  # transformers' mask
 RECORDS, SHARE, SEED = 51, "0.1", 42  # 5 held out; 42 is the dataloader's default seed
 

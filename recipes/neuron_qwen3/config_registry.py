@@ -38,8 +38,8 @@ from torchtitan.models.qwen3 import config_registry as qwen3_configs
 from torchtitan.models.qwen3.model import Qwen3Model
 
 from neuron_qwen3 import data, shapes
-from neuron_qwen3.titan_compat import LRSchedulersContainer
-from neuron_qwen3.trainer import NKI_EXPERTS as NKI_EXPERTS_OVERRIDE
+from neuron_qwen3.finish import NKI_EXPERTS as NKI_EXPERTS_OVERRIDE
+from neuron_qwen3.quirks.titan_compat import LRSchedulersContainer
 from neuron_qwen3.trainer import Qwen3Trainer
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -57,16 +57,12 @@ def _as(config, cls):
 
 
 def described(variant: str, scale: str):
-    """Mark a config function with what it trains, for the run report (summary.json names them), and with the
-    learning rate and warm-up it sets, which fine-tuning defaults may replace (tuning.py)."""
+    """Mark a config function with what it trains, for the run report (summary.json names them)."""
     def mark(build):
         @functools.wraps(build)
         def config():
             built = build()
             built.report = dataclasses.replace(built.report, variant=variant, scale=scale, config=build.__name__)
-            built.tune = dataclasses.replace(  # what the config set: to tell a flag from it (tuning.py)
-                built.tune, config_lrs=tuple(group.optimizer_kwargs["lr"] for group in built.optimizer.param_groups),
-                config_warmup=built.lr_scheduler.warmup_steps)
             return built
         return config
     return mark
@@ -113,7 +109,7 @@ def _v5(model: str):
     config = _as(transformers_modeling_backend_full(), Qwen3TransformersTrainer.Config)
     # The "full" flavor's mask is plain causal: a packed document attends to the ones before it while its
     # positions restart. "sft_full" is the same model with attn_mask_type="block_causal", a mask per document
-    # as the native models have, so v5 and native train the same function (issue 19).
+    # as the native models have, so v5 and native train the same function.
     config.model_spec = transformers_model_registry("sft_full")
     config.hf_model = model  # the article's field: the Hub definition supplies the architecture
     return _article_training(config, model)

@@ -8,7 +8,6 @@ report and the Hugging Face export. The sections below are the project's flags, 
 fault-tolerance trainer adds `--fault_tolerance.*`: `--export.dir`, `--neuron.logical_nc_config`, ...
 """
 
-import dataclasses
 import json
 import signal
 import sys
@@ -20,11 +19,13 @@ import tyro
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
-from neuron_qwen3 import data, devices, divergence, lora, lora_io, report, same_config, stop, teardown, tuning, weights
-
-# The override.imports entry that swaps the nki_moe experts (moe/experts.py), named here without importing it: a
-# torchtitan without the override registry still runs the other variants.
-NKI_EXPERTS = "neuron_qwen3.moe.experts.nki_grouped_experts"
+from neuron_qwen3 import data
+from neuron_qwen3.finish import finish
+from neuron_qwen3.hf import weights
+from neuron_qwen3.lora import folders, footprint
+from neuron_qwen3.quirks import devices
+from neuron_qwen3.report import run_report
+from neuron_qwen3.run import divergence, same_config, stop, teardown
 
 
 @dataclass(kw_only=True, slots=True)
@@ -44,13 +45,13 @@ class Export:
 @dataclass(kw_only=True, slots=True)
 class Lora:
     rank: int = 0
-    """Train LoRA adapters of this rank over the initial load's frozen weights (lora.py); 0: full fine-tuning."""
+    """Train LoRA adapters of this rank over the initial load's frozen weights (lora/adapters.py); 0: full fine-tuning."""
     alpha: float = 0.0
     """The update is scaled by alpha / rank; 0: 2 x rank."""
     dropout: float = 0.0
     """Dropout on the adapters' input (not on MoE experts: PEFT has none there)."""
     targets: str = ""
-    """Comma list of the Hugging Face projections adapted (lora.TARGETS); empty: the attention and MLP projections
+    """Comma list of the Hugging Face projections adapted (adapters.TARGETS); empty: the attention and MLP projections
     on dense models, the attention projections on MoE."""
 
 
@@ -88,15 +89,10 @@ class Stop:
 class Tune:
     lr: float | None = None
     """Learning rate of every optimizer param group (LR); None: the config's, 2e-5 with checkpoint.initial_load_path
-    (a fine-tune: tuning.py)."""
+    (a fine-tune: run/tuning.py)."""
     warmup: float | None = None
     """Warm-up (WARMUP_STEPS): whole steps, or a fraction of training.steps below 1; None: lr_scheduler.warmup_steps,
-    8 % of the steps with checkpoint.initial_load_path (a fine-tune: tuning.py)."""
-    config_lrs: tuple[float, ...] = ()
-    """The param groups' learning rates as the config function set them (set by it): one that differs now was given
-    (a torchtitan flag, a user's config) and keeps its value in a fine-tune."""
-    config_warmup: int = -1
-    """lr_scheduler.warmup_steps as the config function set it (set by it; -1: unknown), likewise."""
+    8 % of the steps with checkpoint.initial_load_path (a fine-tune: run/tuning.py)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -130,24 +126,6 @@ class RunSettings:
     divergence: Divergence = field(default_factory=Divergence)
 
 
-def configure_nki_experts(overrides, neuron) -> None:
-    """Give the NKI experts override the run's kernel choice and LNC (`--neuron.*`), unless its entry sets them."""
-    for i, entry in enumerate(overrides.imports):
-        target, kwargs = (entry, {}) if isinstance(entry, str) else entry
-        if target == NKI_EXPERTS:
-            overrides.imports[i] = (target, {"kernel": neuron.moe_kernel,
-                                             "logical_nc_config": neuron.logical_nc_config, **kwargs})
-
-
-def configure_validation(config) -> None:
-    """VALIDATION (`--dataloader.validation`): torchtitan's validator over the whole validation set, with the
-    project's loader of it (every rank its share, equal batches), every `--validator.freq` steps."""
-    loader = config.dataloader
-    if isinstance(loader, data.DataLoader.Config) and loader.validation:
-        config.validator.enable, config.validator.steps = True, -1
-        config.validator.dataloader = dataclasses.replace(loader, split="validation", infinite=False, epochs=0)
-
-
 def fail_on_data(error: data.DataError):
     """A bad record or data file: its one line, and exit 2. torchtitan's `@record` (on Trainer.__init__ and train)
     has already written the exception's traceback to torchrun's error file, which torchrun prints in its failure
@@ -162,57 +140,27 @@ def fail_on_data(error: data.DataError):
     return SystemExit(2)
 
 
-CPU_FLOAT32 = ("precision: float32 (--training.mixed_precision_param float32{experts}): full scale on CPU, where "
-               "bf16 matmuls are emulated; --no-cpu_float32 keeps the config's")
-
-
-def cpu_float32(config, kind: str) -> str | None:
-    """On CPU (`kind`, the device found), a full-scale config computes in float32, as the bench configs do on CPU;
-    a config of the user's own (no report.scale) decides its own. Returns the line that says so, or None."""
-    if kind != "cpu" or config.report.scale != "full" or not config.cpu_float32:
-        return None
-    config.training.mixed_precision_param = "float32"
-    experts = ""
-    for i, entry in enumerate(config.override.imports):  # the nki_moe experts cast to bf16 themselves
-        target, kwargs = (entry, {}) if isinstance(entry, str) else entry
-        if target == NKI_EXPERTS:
-            config.override.imports[i] = (target, {**kwargs, "compute_dtype": "float32"})
-            experts = ", nki_moe experts compute_dtype float32"
-    return CPU_FLOAT32.format(experts=experts)
-
-
 class RunHooks(Trainer):
     """The project's overrides of torchtitan's Trainer, in front of it in both trainers' method order."""
 
     def __init__(self, config):
-        kind = devices.set_up(config.device)  # before the trainer touches a device (devices.py)
-        line = cpu_float32(config, kind)
-        if line:
-            logger.info(line)
+        self.device_kind = devices.set_up(config.device)  # before the trainer touches a device (devices.py)
         self.stop_watch = stop.StopWatch(config.stop.enable)  # a signal during set-up ends the run at step 1
-        weights.hf_compatible(config)  # before the model is built (weights.py)
-        configure_nki_experts(config.override, config.neuron)
-        self.lora = lora_io.resolve(config)  # an initial load naming a PEFT adapter: its base is loaded instead
-        if self.lora:
-            lora.attach(config, self.lora)  # adapters in before parallelize_fn, the base frozen after it
-        if isinstance(config.dataloader, data.DataLoader.Config):  # the chat template of the model trained
-            config.dataloader.tokenizer_folder = data.tokenizer_of(config)
-            configure_validation(config)
         try:
-            super().__init__(config)  # builds the dataloader, which resolves the source
+            super().__init__(config)  # init_distributed finishes the config; then the dataloader resolves the source
         except data.DataError as error:
             raise fail_on_data(error) from None
-        lora.log_state_bytes(self.optimizers, self.model_parts)  # gradients and optimizer bytes, LoRA or not
+        footprint.log_state_bytes(self.optimizers, self.model_parts)  # gradients and optimizer bytes, LoRA or not
         self.loss_watch = divergence.attach(self)
         self.stop_watch.join(config.comm)
         self.first_step = None
-        self.report = report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
+        self.report = run_report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
 
     def train(self):
         with self.report.watch():  # summary.json says whether the run finished, stopped or failed
             weights.check_coverage(self)  # before the initial load reads Hugging Face keys
             if self.lora:
-                lora_io.prepare_checkpoints(self, self.lora)  # the base from INIT_FROM; checkpoints hold adapters
+                folders.prepare_checkpoints(self, self.lora)  # the base from INIT_FROM; checkpoints hold adapters
             else:
                 weights.initial_load(self)  # INIT_FROM, every rank its own rows (torchtitan's: every attention whole)
             try:
@@ -223,21 +171,19 @@ class RunHooks(Trainer):
                 raise
             self.validate_last()
             # export.dir: also when the data ran out before training.steps; not after a stop
-            lora_io.export(self, self.lora) if self.lora else weights.export(self)
+            folders.export(self, self.lora) if self.lora else weights.export(self)
 
     def init_distributed(self):
-        """torchtitan's, then EPOCHS (training.steps from the packed data) and the fine-tuning knobs, whose warm-up
-        is a fraction of those steps: after torchtitan's Trainer calls this, it builds the optimizer and schedule."""
+        """torchtitan's, then the config finished (finish.py) for this world before anything is built from it:
+        torchtitan's Trainer calls this first in its __init__."""
         dims = super().init_distributed()
         teardown.at_exit()  # every exit path destroys the process groups (teardown.py)
-        same_config.check_same_config(self.config)  # every rank the same config, before anything is built from it
-        loader = self.config.dataloader
-        if isinstance(loader, data.DataLoader.Config) and loader.epochs:
-            plan = data.epochs.plan(self.config, dims.dp_replicate * dims.dp_shard)
-            logger.info(f"data: {plan.line}")
-            self.config.training.steps = plan.steps
-        for line in tuning.apply(self.config):
+        same_config.check_same_config(self.config)  # every rank the same flags, before anything is derived from them
+        finished = finish(self.config, dims.world_size, self.device_kind)
+        for line in finished.lines:
             logger.info(line)
+        self.lora = finished.lora
+        self.finished_config = self.config.to_dict()  # before torchtitan fills in its model's build details
         return dims
 
     def validate_last(self) -> None:
@@ -270,7 +216,7 @@ class RunHooks(Trainer):
             return False
         signum = self.stop_watch.agreed()
         if signum:
-            report.mark_stopped(signal.Signals(signum).name)
+            run_report.mark_stopped(signal.Signals(signum).name)
             stop.save_now(self.stop_watch, signum, self.checkpointer, self.step, self.first_step)
             self.close()  # stock torchtitan.train closes the trainer on Exception only, not on SystemExit
             raise SystemExit(128 + signum)

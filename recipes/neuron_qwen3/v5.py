@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
 from torchtitan.experiments.transformers_modeling_backend.trainer import HFTransformerTrainer
 
-from neuron_qwen3 import hf_rope_fix
+from neuron_qwen3.quirks import hf_rope_fix
 from neuron_qwen3.trainer import RunHooks, RunSettings
 
 

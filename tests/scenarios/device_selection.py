@@ -11,7 +11,7 @@ import torchtitan.distributed.utils as tt_distributed_utils
 import torchtitan.trainer  # noqa: F401
 
 if sys.argv[1] == "patched":
-    from neuron_qwen3 import cpu_adapter
+    from neuron_qwen3.quirks import cpu_adapter
 
     cpu_adapter.activate()
 from torchtitan.components.metrics import build_device_memory_monitor

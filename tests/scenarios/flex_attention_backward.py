@@ -10,7 +10,7 @@ import torch
 from torchtitan.models.common.attention import FlexAttention, create_attention_mask, get_causal_mask_mod
 
 if sys.argv[1] == "patched":
-    from neuron_qwen3 import cpu_adapter
+    from neuron_qwen3.quirks import cpu_adapter
 
     cpu_adapter.activate()
 

@@ -12,7 +12,7 @@ import torchtitan.experiments.transformers_modeling_backend.parallelize as hf_pa
 from torch.distributed.fsdp import fully_shard
 
 if sys.argv[1] == "patched":
-    from neuron_qwen3 import cpu_adapter
+    from neuron_qwen3.quirks import cpu_adapter
 
     cpu_adapter.activate()
 

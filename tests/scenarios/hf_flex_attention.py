@@ -11,7 +11,7 @@ from torch.nn.attention.flex_attention import create_block_mask
 from torchtitan.experiments.transformers_modeling_backend.model import _flex_attention_torchtitan
 
 if sys.argv[1] == "patched":
-    from neuron_qwen3 import cpu_adapter
+    from neuron_qwen3.quirks import cpu_adapter
 
     cpu_adapter.activate()
 

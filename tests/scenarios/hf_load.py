@@ -1,10 +1,10 @@
-"""INIT_FROM's load (hf_load.py) against torchtitan's own, over three FSDP ranks (gloo); run under torchrun.
+"""INIT_FROM's load (load.py) against torchtitan's own, over three FSDP ranks (gloo); run under torchrun.
 
 argv: a scratch folder. For each variant's smoke model: rank 0 saves a random one as a Hugging Face folder
 (huggingface_hub's sharded writer, bf16, files of 200 kB and their index); the model, sharded per layer and at the
 root (three ranks: most tensors split unevenly, the MoE's 4 experts too), is then loaded from it twice from fresh
 random weights, by torchtitan 0.3.0's initial HF load (DCPCheckpointer.dcp_load(from_hf=True)) and by
-hf_load.load. Each rank prints
+load.load. Each rank prints
 per variant `rank R <variant> saved N of M (F files)`: N of its M weights, gathered whole, equal the saved ones bit
 for bit; and `rank R <variant> torchtitan same N of M`: N local shards equal torchtitan's load's, or the error
 with which torchtitan refused the sharding.
@@ -24,7 +24,9 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torchtitan.components.checkpoint import ModelWrapper
 from torchtitan.config.override import apply_overrides
 
-from neuron_qwen3 import config_registry, hf_load, hf_rope_fix, weights
+from neuron_qwen3 import config_registry
+from neuron_qwen3.hf import load, weights
+from neuron_qwen3.quirks import hf_rope_fix
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -96,7 +98,7 @@ for variant in ("native", "nki_moe", "v5"):
         theirs = None
         say(f"rank {rank} {variant} torchtitan: {type(refused).__name__}: {refused}")
     randomise(model, 2)
-    assert hf_load.load([model], adapter, folder)
+    assert load.load([model], adapter, folder)
     ours, loaded = shards(model), full(model)
     files = len([name for name in os.listdir(folder) if name.endswith(".safetensors")])
     wrong = sorted(name for name in saved if not torch.equal(saved[name], loaded[name]))
@@ -107,5 +109,5 @@ for variant in ("native", "nki_moe", "v5"):
 
 linear = torch.nn.Linear(6, 4)
 linear.weight = torch.nn.Parameter(distribute_tensor(linear.weight.detach(), mesh, [Shard(1)]))
-say(f"rank {rank} columns {'loaded' if hf_load.load([linear], adapter, sys.argv[1]) else 'refused'}")
+say(f"rank {rank} columns {'loaded' if load.load([linear], adapter, sys.argv[1]) else 'refused'}")
 dist.destroy_process_group()

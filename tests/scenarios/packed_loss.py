@@ -8,7 +8,7 @@ over the tokens that count, divided by their number (for the one-by-one side, su
 
 import sys
 
-from neuron_qwen3 import cpu_adapter
+from neuron_qwen3.quirks import cpu_adapter
 
 cpu_adapter.activate()  # flex attention on CPU; before torchtitan.trainer is imported
 
@@ -84,7 +84,7 @@ def batch(docs, seq_len, pad_id):
 def main() -> None:
     variant, causal = sys.argv[1], sys.argv[2:] == ["causal"]
     if variant == "v5":
-        from neuron_qwen3 import hf_rope_fix
+        from neuron_qwen3.quirks import hf_rope_fix
 
         hf_rope_fix.apply()  # as the v5 trainer does (v5.py): its RoPE table is computed, not left uninitialised
     config = VARIANTS[variant]()

@@ -13,7 +13,8 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.distributed.fsdp import fully_shard
 
-from neuron_qwen3 import config_registry, sharded, weights
+from neuron_qwen3 import config_registry
+from neuron_qwen3.hf import weights, write
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -30,7 +31,7 @@ with torch.no_grad():
     model.init_weights(buffer_device=None)
 trainer = types.SimpleNamespace(config=config, model_parts=[model], model_config=config.model_spec.model)
 
-written, real = [], sharded.pwrite_all
+written, real = [], write.pwrite_all
 
 
 def pwrite_all(fd, tensor, offset):
@@ -40,7 +41,7 @@ def pwrite_all(fd, tensor, offset):
     real(fd, tensor, offset)
 
 
-sharded.pwrite_all = pwrite_all
+write.pwrite_all = pwrite_all
 
 
 def say(line):

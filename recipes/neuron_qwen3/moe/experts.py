@@ -232,7 +232,7 @@ class NKIGroupedExperts(GroupedExperts):
 
     def expert_weights(self) -> tuple:
         """(w1, w2, w3) as forward computes with them: local shards under EP / TP, as GroupedExperts. LoRA
-        (lora.py) adds its updates here rather than behind the parameters' names, which FSDP reads."""
+        (lora/adapters.py) adds its updates here rather than behind the parameters' names, which FSDP reads."""
         if isinstance(self.w1_EFD, DTensor):
             return self.w1_EFD.to_local(), self.w2_EDF.to_local(), self.w3_EFD.to_local()
         return self.w1_EFD, self.w2_EDF, self.w3_EFD

@@ -5,7 +5,7 @@ whose fused-QKV hooks (FusedQKVLinear._split_qkv_on_save and _merge_qkv_on_load,
 gather every layer's attention weights whole on every rank and copy them twice: 0.13-0.31x a plain read of the
 files (bench/RESULTS.md), 3.5 B parameters replicated per rank at Qwen3-235B-A22B. Here each parameter's local
 rows are read from the memory-mapped files and copied in once. The layouts are torchtitan's own: the adapter's
-to_hf names each tensor (renames, the experts' split; sharded.unit_of) and the fused QKV's own merge hook, run on
+to_hf names each tensor (renames, the experts' split; shards.unit_of) and the fused QKV's own merge hook, run on
 row numbers, says which q, k or v row each fused row is. `load` returns False, having read nothing, when some
 weight is sharded other than by rows (TP, EP): torchtitan's path loads that model. Experts that do not divide
 evenly over the ranks load here too; torchtitan 0.3.0's MoE adapter refuses them.
@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torchtitan.models.common.attention import FusedQKVLinear
 
-from neuron_qwen3 import sharded
+from neuron_qwen3.hf import shards
 
 
 class LoadError(RuntimeError):
@@ -43,7 +43,7 @@ class Run:
 
 def tensor_files(folder: str) -> dict:
     """Hugging Face tensor name -> its safetensors file: the index's weight map, else every *.safetensors."""
-    index = os.path.join(folder, sharded.SAFE_INDEX)
+    index = os.path.join(folder, shards.SAFE_INDEX)
     if os.path.isfile(index):
         with open(index) as f:
             return {name: os.path.join(folder, file) for name, file in json.load(f)["weight_map"].items()}
@@ -73,7 +73,7 @@ def fused_runs(module: FusedQKVLinear, prefix: str, param: str, shapes: dict, na
 def sources(adapter, key: str, value) -> tuple:
     """(the Hugging Face names to_hf gives `key`, whether they tile it in order, one per row or all of it)."""
     meta = torch.empty(value.shape, dtype=value.dtype, device="meta")
-    unit = sharded.unit_of(adapter, key, meta, adapter.to_hf({key: meta}), value.dtype)
+    unit = shards.unit_of(adapter, key, meta, adapter.to_hf({key: meta}), value.dtype)
     if unit is None:
         return (), False
     one_per_row = len(unit.entries) == value.shape[0] and all(e.shape == tuple(value.shape[1:]) for e in unit.entries)
@@ -98,7 +98,7 @@ def plans(part, adapter, keep) -> list | None:
         (key,) = _get_fqns(part, raw)
         if not keep(key):
             continue
-        if not sharded.in_place(value):
+        if not shards.in_place(value):
             return None
         if isinstance(value, DTensor):
             local = value.to_local()

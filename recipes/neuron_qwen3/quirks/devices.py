@@ -56,7 +56,7 @@ def set_up(kind: str) -> str:
         rebind(tt_utils, "device_type", "neuron")
         rebind(tt_utils, "device_module", torch._utils._get_device_module("neuron"))
     elif kind == "cpu":
-        from neuron_qwen3 import cpu_adapter
+        from neuron_qwen3.quirks import cpu_adapter
 
         cpu_adapter.activate()
     return kind

@@ -119,10 +119,10 @@ def activate() -> None:
 
     if torchtitan.__version__ != SUPPORTED_TORCHTITAN:
         raise RuntimeError(
-            f"neuron_qwen3.cpu_adapter patches torchtitan {SUPPORTED_TORCHTITAN} internals; "
+            f"neuron_qwen3.quirks.cpu_adapter patches torchtitan {SUPPORTED_TORCHTITAN} internals; "
             f"found torchtitan {torchtitan.__version__}"
         )
-    from neuron_qwen3.devices import rebind
+    from neuron_qwen3.quirks.devices import rebind
 
     # 1. torchtitan/tools/utils.py: `device_type = _get_available_device_type() or "cuda"` picks
     #    CUDA when there is no accelerator; with "cpu" the process group becomes gloo.

@@ -2,20 +2,15 @@
 
 torchtitan 0.3.0 keeps the learning rate in each optimizer param group (`--optimizer.param-groups.0.optimizer-kwargs
 .lr`, group 0 only) and the warm-up as whole steps (`--lr_scheduler.warmup_steps`). The project's fields set every
-group and take a fraction of the steps (LR, WARMUP_STEPS). A fine-tune (a run with `checkpoint.initial_load_path`,
-INIT_FROM) gets fine-tuning values in place of the config's pretraining ones (8e-4, with up to 600 warm-up steps,
-wrecks a released model in a few steps), but only where nothing was given: the project's field is None and
-torchtitan's own field still holds what the config function set (`described` records it in tune.config_lrs and
-tune.config_warmup), so `--optimizer.param-groups.0.optimizer-kwargs.lr 0` or a user's config function with its
-own rate keeps it. Giving exactly the config's value through torchtitan's flag cannot be told from not giving it:
-the one line the rule logs says what it replaced. The rule runs in the trainer (`RunHooks.init_distributed`, once
-EPOCHS has sized the steps), so stock `torchtitan.train` behaves as the launcher does; the pre-launch pass runs it
-on its parsed config, so `--dry-run` prints the values that will train and `--check` prints the line.
+group and take a fraction of the steps (LR, WARMUP_STEPS). Unset (None), each means the config's value, or, for a
+fine-tune (a run with `checkpoint.initial_load_path`, INIT_FROM), a fine-tuning default in its place: the config
+functions' pretraining values (8e-4, with up to 600 warm-up steps) wreck a released model in a few steps. So under
+INIT_FROM the project's fields are the way to choose; the one line the rule logs names what it replaced.
 
 Fine-tuning defaults: torchtitan's own full fine-tune of Qwen3, `sft_qwen3_8b_math` in
 torchtitan/models/qwen3/config_registry.py (0.3.0): AdamW at lr 2e-5, warm-up 15 of its 180 steps (8 %); torchtune's
-recipes/configs/qwen3/8B_full.yaml is lower, 5e-6 without a schedule; issue 20 asks for 1e-5 to 2e-5 with a short
-warm-up. The decay stays the config's (linear; LR_SCHEDULE=cosine is what sft_qwen3_8b_math uses).
+recipes/configs/qwen3/8B_full.yaml is lower, 5e-6 without a schedule. The decay stays the config's (linear;
+LR_SCHEDULE=cosine is what sft_qwen3_8b_math uses).
 """
 
 FINETUNE_LR = 2e-5
@@ -30,26 +25,25 @@ def warmup_steps(warmup: float, total: int) -> int:
 
 
 def apply(config) -> list:
-    """Write tune.lr and tune.warmup into torchtitan's fields, or for a fine-tune the defaults in place of values the
-    config function set and nothing changed since; returns the line saying what the defaults replaced (or none)."""
+    """Write tune.lr and tune.warmup into torchtitan's fields, the fine-tuning defaults where they are unset and the
+    run is a fine-tune; returns the line saying what the defaults replaced (or none)."""
     tune, groups, scheduler = config.tune, config.optimizer.param_groups, config.lr_scheduler
     finetune = bool(config.checkpoint.initial_load_path)
-    had = tuple(group.optimizer_kwargs["lr"] for group in groups)
-    lr_default = finetune and tune.lr is None and bool(tune.config_lrs) and had == tuple(tune.config_lrs)
-    warmup_default = finetune and tune.warmup is None and scheduler.warmup_steps == tune.config_warmup >= 0
-    lr = FINETUNE_LR if lr_default else tune.lr
-    warmup = FINETUNE_WARMUP if warmup_default else tune.warmup
+    had = ", ".join(f"{group.optimizer_kwargs['lr']:g}" for group in groups)
+    lr = FINETUNE_LR if finetune and tune.lr is None else tune.lr
+    warmup = FINETUNE_WARMUP if finetune and tune.warmup is None else tune.warmup
     replaced = []
     if lr is not None:
-        if not 0 < lr <= 1:
-            raise ValueError(f"--tune.lr={lr} is not a learning rate above 0 and at most 1")
+        if not 0 <= lr <= 1:
+            raise ValueError(f"--tune.lr={lr} is not a learning rate from 0 to 1")
         for group in groups:
             group.optimizer_kwargs["lr"] = lr
-        replaced += [f"lr {lr:g} for the config's {', '.join(f'{value:g}' for value in had)}"] if lr_default else []
+        replaced += [f"lr {lr:g} in place of {had}"] if tune.lr is None else []
     if warmup is not None:
         total = scheduler.total_steps or config.training.steps
         steps = warmup_steps(warmup, total)
-        replaced += [f"warm-up {steps} of {total} steps for {scheduler.warmup_steps}"] if warmup_default else []
+        replaced += [f"warm-up {steps} of {total} steps in place of {scheduler.warmup_steps}"] if tune.warmup is None \
+            else []
         scheduler.warmup_steps = steps
     if not replaced:
         return []

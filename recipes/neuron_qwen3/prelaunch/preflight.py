@@ -1,4 +1,4 @@
-"""`python -m neuron_qwen3.preflight`: the launcher's pre-launch pass, in a child with the real libraries.
+"""`python -m neuron_qwen3.prelaunch.preflight`: the launcher's pre-launch pass, in a child with the real libraries.
 
 The launcher (stdlib only, it never imports torch) writes one JSON request on stdin: the workers' exact torchtitan
 arguments and what to do; this process answers one JSON object, the last line of its stdout:
@@ -23,8 +23,8 @@ checked, with the library that reads it:
 | epochs | STEPS (`--training.steps`) beside EPOCHS, a streamed DATASET; else the line "N epochs = S steps of B sequences" (data.epochs, also for --dry-run) | |
 | checkpoints | a read error other than "not found" | a broken step-N (moved aside on node 0), an unfinished one |
 
-Before the config is printed it is changed as the workers will change it on their device (trainer.cpu_float32:
-full scale on CPU computes in float32), and a line in "lines" says so.
+The config is finished as every worker finishes it (finish.py, on the world of `request["ranks"]` and the device
+the launcher found), and each line that says what finishing derived is in "lines"; `--dry-run` prints the result.
 """
 
 import contextlib
@@ -37,7 +37,9 @@ import re
 import shutil
 import sys
 
-from neuron_qwen3 import fetch, shapes, tuning
+from neuron_qwen3 import shapes
+from neuron_qwen3.hf import fetch
+from neuron_qwen3.run import tuning
 
 CHECKED = ("torch", "torch-neuronx", "transformers", "torchtitan")
 IMAGE_BUILD = "image-build.lock"  # written by the image build (ci/image/record-build.py); only in the image
@@ -253,22 +255,15 @@ def validation(config, check_files: bool) -> list:
     return [f"VALIDATION: {found.problem}"] if found and found.problem else []
 
 
-def epochs(config, request: dict) -> tuple:
-    """(problem, None) or (None, the plan): the steps of EPOCHS as every worker derives them (data.epochs.plan, on
-    the data-parallel degree of `request["ranks"]`)."""
-    from torchtitan.distributed import ParallelDims
-
-    from neuron_qwen3 import data
-
+def epochs(config, request: dict) -> str | None:
+    """What stops EPOCHS before its steps are counted (finish.py counts them as every worker does)."""
+    if not getattr(config.dataloader, "epochs", 0):
+        return None
     if any(arg == "--training.steps" or arg.startswith("--training.steps=") for arg in request["args"]):
-        return "STEPS and EPOCHS are both set: EPOCHS derives the steps from the data; give one of them", None
+        return "STEPS and EPOCHS are both set: EPOCHS derives the steps from the data; give one of them"
     if not os.path.exists(config.dataloader.source):
-        return f"EPOCHS needs a local DATASET; {config.dataloader.source} is streamed: give STEPS instead", None
-    dims = ParallelDims.from_config(config.parallelism, request["ranks"])
-    try:
-        return None, data.epochs.plan(config, dims.dp_replicate * dims.dp_shard)
-    except data.DataError as error:
-        return f"EPOCHS: {error}", None
+        return f"EPOCHS needs a local DATASET; {config.dataloader.source} is streamed: give STEPS instead"
+    return None
 
 
 def run(request: dict) -> dict:
@@ -279,35 +274,29 @@ def run(request: dict) -> dict:
     if problem:
         answer["problems"].append(problem)
         return answer
-    from neuron_qwen3 import lora, lora_io
+    from neuron_qwen3 import data, trainer
+    from neuron_qwen3.finish import finish
+    from neuron_qwen3.lora import adapters, folders, footprint
 
     try:
-        tuned = lora_io.resolve(config)  # INIT_FROM naming a PEFT adapter: the checks below see its base
-    except lora.LoRAError as error:
-        answer["problems"].append(str(error))
+        tuned = folders.settings(config)  # INIT_FROM naming a PEFT adapter: its settings
+        problems = adapters.problems(config, tuned) if tuned else []
+    except adapters.LoRAError as error:
+        problems = [str(error)]
+    if not problems:
+        problem = tuning.batch_problem(config, request["ranks"]) or epochs(config, request)
+        problems = ([problem] if problem else []) + validation(config, request.get("check_files"))
+    if not problems:
+        try:  # exactly as every worker finishes it (the launcher passes --device): --dry-run shows what trains
+            finished = finish(config, request["ranks"], config.device)
+        except (ValueError, data.DataError) as error:
+            epochs_error = isinstance(error, data.DataError) and config.dataloader.epochs
+            problems = [f"EPOCHS: {error}" if epochs_error else str(error)]
+    answer["problems"] += problems
+    if problems:
         return answer
-    if tuned:
-        answer["problems"] += lora.problems(config, tuned)
-        if answer["problems"]:
-            return answer
-    from neuron_qwen3 import trainer
-
-    precision = trainer.cpu_float32(config, config.device)  # as the workers will (the launcher passes --device)
-    answer["lines"] += [precision] if precision else []
-    problem = tuning.batch_problem(config, request["ranks"])
-    if not problem and getattr(config.dataloader, "epochs", 0):
-        problem, plan = epochs(config, request)
-        if plan:  # the workers' steps, before the warm-up fraction is taken of them
-            config.training.steps = plan.steps
-            answer["lines"].append(f"epochs: {plan.line}")
-    try:
-        answer["lines"] += tuning.apply(config)  # as the trainer will: --dry-run shows the lr and warm-up that train
-    except ValueError as error:
-        problem = problem or str(error)
-    if problem:
-        answer["problems"].append(problem)
-        return answer
-    config.training.global_batch_size = tuning.batch(config, request["ranks"])[0]  # -1 as torchtitan resolves it
+    answer["lines"] += finished.lines
+    tuned = finished.lora
     if request.get("print_config"):
         answer["config"] = config.to_dict()
     shape = trained_shape(config)
@@ -317,13 +306,13 @@ def run(request: dict) -> dict:
         fits, why = shapes.fit(shape.parameters(), request["ranks"], memory)
         answer["model"] = {"parameters": shape.parameters(), "fits": fits, "why": why}
         if tuned and request.get("print_config"):  # --dry-run: built on meta, adapters in, base frozen
-            answer["model"]["lora"] = lora.dry_run(config, tuned, request["ranks"]).line()
+            answer["model"]["lora"] = footprint.dry_run(config, tuned, request["ranks"]).line()
         if not fits and not tuned:  # LoRA holds gradients and Adam state for its adapters only
             answer["warnings"].append(f"{config.report.model or 'the model'}: {why}")
-    answer["problems"] += validation(config, request.get("check_files"))
     if not request.get("check_files") or answer["problems"]:
         return answer
-    from neuron_qwen3 import checkpoints, data
+    from neuron_qwen3 import data
+    from neuron_qwen3.prelaunch import checkpoints
 
     resume = None
     if config.checkpoint.enable and config.checkpoint.folder and not config.checkpoint.load_only:
@@ -339,7 +328,7 @@ def run(request: dict) -> dict:
                                f"checkpoints: none complete in {config.checkpoint.folder}: starting at step 0")
     problems, warnings = init_from(config, shape, None if tuned else resume)  # LoRA loads its base every start
     if tuned and resume is not None and not problems:
-        problems = lora_io.check_resume_base(os.path.join(config.checkpoint.folder, f"step-{resume}"),
+        problems = folders.check_resume_base(os.path.join(config.checkpoint.folder, f"step-{resume}"),
                                              config.checkpoint.initial_load_path)
     exported = shape.parameters() if shape and (not tuned or tuned.merged) else None  # an adapter is small
     answer["problems"] += problems + export(config, exported)

@@ -29,8 +29,9 @@ from torchtitan.components.checkpoint import MODEL, ModelWrapper
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.tools.logging import logger
 
-from neuron_qwen3 import lora, sharded, weights
-from neuron_qwen3.lora import LoRAError, LoRASettings, Site
+from neuron_qwen3.hf import shards, weights, write
+from neuron_qwen3.lora import adapters
+from neuron_qwen3.lora.adapters import LoRAError, LoRASettings, Site
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -110,11 +111,11 @@ class AdapterStates(ModelWrapper):
     """The model entry of a LoRA checkpoint: the adapters' tensors only (loading takes any subset, as torchtitan's)."""
 
     def _get_state_dict(self) -> dict:
-        return {key: value for key, value in super()._get_state_dict().items() if lora.is_adapter_key(key)}
+        return {key: value for key, value in super()._get_state_dict().items() if adapters.is_adapter_key(key)}
 
 
 def sites(trainer) -> list[Site]:
-    return [adapter.site for part in trainer.model_parts for adapter in lora.adapters(part)]
+    return [adapter.site for part in trainer.model_parts for adapter in adapters.adapters(part)]
 
 
 def prepare_checkpoints(trainer, settings: LoRASettings) -> None:
@@ -125,7 +126,7 @@ def prepare_checkpoints(trainer, settings: LoRASettings) -> None:
     if not base:
         raise LoRAError("LoRA trains adapters over a model's weights, and this run loads none: set INIT_FROM")
     logger.info(f"LoRA: loading the frozen base from {base}")
-    loaded = weights.load_hf(trainer, base, keep=lambda key: not lora.is_adapter_key(key))
+    loaded = weights.load_hf(trainer, base, keep=lambda key: not adapters.is_adapter_key(key))
     assert loaded, "LoRA trains on FSDP (and HSDP) only, where every weight is held as whole rows"
     checkpointer.states[MODEL] = AdapterStates(trainer.model_parts)
     checkpointer.states[BASE_STATE] = BaseCheck(base)
@@ -188,7 +189,7 @@ def delta(site: Site, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.T
 
 def merge(all_sites: list[Site], states: dict, scale: float) -> dict:
     """The gathered state dict with each adapter's update added to its base weight(s), adapters removed."""
-    merged = {key: value for key, value in states.items() if not lora.is_adapter_key(key)}
+    merged = {key: value for key, value in states.items() if not adapters.is_adapter_key(key)}
     for site in all_sites:
         update = delta(site, states[f"{site.key}.lora_A"].float(), states[f"{site.key}.lora_B"].float(), scale)
         rows = update.shape[-2] // len(site.base)  # gate_up: w1 then w3
@@ -263,13 +264,13 @@ def is_adapter_folder(path: str | None) -> bool:
     return bool(path) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
 
 
-def resolve(config) -> LoRASettings | None:
+def settings(config) -> LoRASettings | None:
     """The run's LoRA settings; None: full fine-tuning. An initial load that names a PEFT adapter folder continues
-    that adapter: its base becomes the initial load (`config` is changed in place: call this once) and its
-    adapter_config.json the settings; `--lora.*` values that differ from the adapter's are refused (LoRAError)."""
+    that adapter: its adapter_config.json gives the settings, and `--lora.*` values that differ from the adapter's
+    are refused (LoRAError). Reads, changes nothing."""
     source = config.checkpoint.initial_load_path
     if not (config.checkpoint.initial_load_in_hf and is_adapter_folder(source)):
-        return lora.settings_of(config)
+        return adapters.settings_of(config)
     saved, section = adapter_settings(source), config.lora
     given = {"LORA_RANK": section.rank or None, "LORA_ALPHA": section.alpha or None,
              "LORA_DROPOUT": section.dropout or None,
@@ -280,8 +281,16 @@ def resolve(config) -> LoRASettings | None:
                if value is not None and value != has[name]]
     if differs:
         raise LoRAError(f"INIT_FROM={source}: {', '.join(differs)}: unset them to continue the adapter as it is")
-    config.checkpoint.initial_load_path = adapter_base(source, config.hf_assets_path)
     return replace(saved, merged=config.export.merged, adapter=source)
+
+
+def resolve(config) -> LoRASettings | None:
+    """`settings`, and an adapter's base as the initial load in place of the adapter (`config` is changed in
+    place: call this once)."""
+    found = settings(config)
+    if found and found.adapter:
+        config.checkpoint.initial_load_path = adapter_base(found.adapter, config.hf_assets_path)
+    return found
 
 
 def load_adapter(trainer, folder: str) -> None:
@@ -289,7 +298,7 @@ def load_adapter(trainer, folder: str) -> None:
     from safetensors.torch import load_file
 
     params = {f"{a.site.key}.lora_{x}": getattr(a, f"lora_{x}") for part in trainer.model_parts
-              for a in lora.adapters(part) for x in "AB"}
+              for a in adapters.adapters(part) for x in "AB"}
     full = from_peft(sites(trainer), load_file(os.path.join(folder, ADAPTER_WEIGHTS)),
                      {key: p.shape for key, p in params.items()})
     with torch.no_grad():
@@ -320,30 +329,30 @@ def _whole(value) -> torch.Tensor:
 
 def gather_adapters(trainer) -> dict:
     """The adapters' tensors whole, on the CPU (every rank takes part; they are small)."""
-    return {key: _whole(value).to("cpu") for piece in sharded.state_dict_pieces(trainer.model_parts,
-                                                                                   keep=lora.is_adapter_key)
+    return {key: _whole(value).to("cpu") for piece in shards.state_dict_pieces(trainer.model_parts,
+                                                                                   keep=adapters.is_adapter_key)
             for key, value in piece().items()}
 
 
 def merged_pieces(trainer, all_sites: list[Site], scale: float) -> list:
-    """sharded.state_dict_pieces with each adapter's update added to its base weight(s), the adapters left out:
+    """shards.state_dict_pieces with each adapter's update added to its base weight(s), the adapters left out:
     a layer at a time, its adapted weights whole (every rank gathers them, in one order), the others as they are."""
     by_key = {site.key: site for site in all_sites}
 
     def merged(piece):
         states = piece()
-        here = sorted({key.rsplit(".", 1)[0] for key in states if lora.is_adapter_key(key)})
+        here = sorted({key.rsplit(".", 1)[0] for key in states if adapters.is_adapter_key(key)})
         needed = sorted({key for site in here for key in (*by_key[site].base, f"{site}.lora_A", f"{site}.lora_B")})
         updated = merge([by_key[site] for site in here], {key: _whole(states[key]) for key in needed}, scale)
-        return {key: updated.get(key, value) for key, value in states.items() if not lora.is_adapter_key(key)}
+        return {key: updated.get(key, value) for key, value in states.items() if not adapters.is_adapter_key(key)}
 
-    return [functools.partial(merged, piece) for piece in sharded.state_dict_pieces(trainer.model_parts)]
+    return [functools.partial(merged, piece) for piece in shards.state_dict_pieces(trainer.model_parts)]
 
 
 def export(trainer, settings: LoRASettings) -> str | None:
     """`--export.dir`, if set: the PEFT adapter folder, or (settings.merged) the merged model, streamed as
     weights.export streams any model, with the adapter in `<dir>/adapter`. Every rank must call it; the folder is
-    staged and renamed into place (sharded.staged: on a failure on any rank, every rank raises ExportError)."""
+    staged and renamed into place (write.staged: on a failure on any rank, every rank raises ExportError)."""
     section = trainer.config.export
     if not section.dir:
         return None
@@ -352,12 +361,12 @@ def export(trainer, settings: LoRASettings) -> str | None:
     peft = {key: value.to(dtype).contiguous() for key, value in to_peft(all_sites, gather_adapters(trainer)).items()}
     tokenizer = [path for path in weights.companions(base, trainer.config.hf_assets_path)
                  if os.path.basename(path) in weights.TOKENIZER_FILES]
-    ranks = sharded.Ranks()
+    ranks = write.Ranks()
     try:
-        with sharded.staged(ranks, target) as staging:
+        with write.staged(ranks, target) as staging:
             folder = staging
             if settings.merged:
-                sharded.write_model(ranks, staging, weights._adapter(trainer),
+                write.write_model(ranks, staging, weights._adapter(trainer),
                                     merged_pieces(trainer, all_sites, settings.scale), dtype,
                                     section.max_shard_mb * 10**6)
                 ranks.on_rank_0(weights.fill_folder, staging, weights.model_config_json(trainer, base, dtype),

@@ -22,7 +22,7 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from neuron_qwen3 import fetch
+from neuron_qwen3.hf import fetch
 
 STEP = re.compile(r"step-(\d+)")  # torchtitan's own pattern, searched in each entry of the folder
 ASIDE = "incomplete"  # holds no "step-N" in its name, so torchtitan neither loads nor purges it

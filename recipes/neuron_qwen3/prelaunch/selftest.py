@@ -6,7 +6,7 @@
                  bf16 tolerance the CPU tests hold the reference to
     native       three native smoke steps on one NeuronCore, through the article's command typed as by hand
 
-The launcher runs `python -m neuron_qwen3.selftest` when it found Neuron devices; the first failure stops the run
+The launcher runs `python -m neuron_qwen3.prelaunch.selftest` when it found Neuron devices; the first failure stops the run
 with exit status 1, all passed is 0. Nothing runs at import: torch is imported by the checks that need it.
 """
 
@@ -120,12 +120,12 @@ def kernel_checks(lnc: int) -> str:
 
 
 def check_kernels(lnc: int) -> str:
-    from neuron_qwen3 import devices
+    from neuron_qwen3.quirks import devices
 
     # The compiler's --lnc must equal the runtime's (error NCC_EVRF066); the last --lnc in NEURON_CC_FLAGS wins.
     env = devices.environment(NEURON_LOGICAL_NC_CONFIG=str(lnc), NEURON_RT_VISIBLE_CORES="0",
                               NEURON_CC_FLAGS=f"{devices.environment().get('NEURON_CC_FLAGS', '')} --lnc={lnc}")
-    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.selftest", "kernels", str(lnc)], env=env,
+    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.prelaunch.selftest", "kernels", str(lnc)], env=env,
                             capture_output=True, text=True)
     last = (result.stdout.strip().splitlines() or [""])[-1].removeprefix(PREFIX)
     if result.returncode or not last.startswith("PASS "):
@@ -152,7 +152,7 @@ def check_native(steps: int = 3) -> str:
                "--rdzv_endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", "-m", "torchtitan.train",
                "--module", "neuron_qwen3", "--config", "native_qwen3_smoke", "--device=neuron",
                f"--training.steps={steps}", "--dump_folder=/tmp/neuron-qwen3-self-test"]
-    from neuron_qwen3 import devices
+    from neuron_qwen3.quirks import devices
 
     env = devices.environment(NEURON_RT_VISIBLE_CORES="0", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     result = subprocess.run(command, env=env, capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""`python -m neuron_qwen3.fetch REPO DEST [--weights] [--offline] [--check]`: the full-scale model assets, for the
+"""`python -m neuron_qwen3.hf.fetch REPO DEST [--weights] [--offline] [--check]`: the full-scale model assets, for the
 launcher.
 
 The launcher (stdlib only) runs this child whenever the run trains from a Hub model's assets. It decides what DEST
@@ -124,7 +124,7 @@ def download(repo, dest, patterns) -> int:
 
 
 def main(argv=None) -> int:
-    cli = argparse.ArgumentParser(prog="python -m neuron_qwen3.fetch")
+    cli = argparse.ArgumentParser(prog="python -m neuron_qwen3.hf.fetch")
     cli.add_argument("repo")
     cli.add_argument("dest")
     cli.add_argument("--weights", action="store_true", help="the safetensors too (INIT_FROM=hub)")

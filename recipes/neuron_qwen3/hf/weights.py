@@ -5,7 +5,7 @@ The launcher passes `--checkpoint.initial_load_path <abs> --checkpoint.initial_l
 adapter, dense and MoE, or the transformers backend's prefix adapter). This module adds what 0.3.0 leaves out:
 
 - `initial_load`: torchtitan's initial HF load gathers every layer's attention weights whole on every rank; it is
-  done by hf_load.py instead, every rank reading its own rows (torchtitan's still loads a TP or EP model).
+  done by load.py instead, every rank reading its own rows (torchtitan's still loads a TP or EP model).
 
 - `check_coverage`: every parameter of the model must survive `from_hf(to_hf(...))`. The Qwen3 adapter's `to_hf`
   skips keys it does not know without a word (upstream PR #3626): a load would leave those weights random and an
@@ -15,7 +15,7 @@ adapter, dense and MoE, or the transformers backend's prefix adapter). This modu
 - `export`: torchtitan's last HF save fires only when `step == training.steps` (a run whose data ends early never
   exports), writes no config.json or tokenizer, names its folder `step-N` inside `checkpoint.folder`, where a
   later run mistakes it for a resumable checkpoint, and gathers the whole model on rank 0 first. The export here
-  runs after the training loop however it ended and streams (sharded.py: every rank writes its own rows in place,
+  runs after the training loop however it ended and streams (shards.py: every rank writes its own rows in place,
   in the Hub's sharded layout) into a complete model folder at `--export.dir`, renamed into place.
 """
 
@@ -27,9 +27,9 @@ import time
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.tools.logging import logger
 
-from neuron_qwen3 import hf_load, sharded
-from neuron_qwen3.lora import is_adapter_key
-from neuron_qwen3.sharded import CoverageError, ExportError  # noqa: F401 (raised from here too)
+from neuron_qwen3.hf import load, shards, write
+from neuron_qwen3.lora.adapters import is_adapter_key
+from neuron_qwen3.hf.shards import CoverageError, ExportError  # noqa: F401 (raised from here too)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "chat_template.jinja", "added_tokens.json", "tokenizer.model")
@@ -61,10 +61,10 @@ def complete_step(checkpointer) -> int:
 
 
 def load_hf(trainer, folder: str, keep=lambda key: True) -> bool:
-    """`folder`'s safetensors into the model (the keys `keep` accepts), every rank its own rows (hf_load.py); False,
+    """`folder`'s safetensors into the model (the keys `keep` accepts), every rank its own rows (load.py); False,
     nothing read, for a model with weights not held as whole rows. Every rank must call it."""
     begin = time.monotonic()
-    if not hf_load.load(trainer.model_parts, trainer.checkpointer.sd_adapter, folder, keep):
+    if not load.load(trainer.model_parts, trainer.checkpointer.sd_adapter, folder, keep):
         return False
     logger.info(f"Loaded the Hugging Face weights of {folder} in {time.monotonic() - begin:.2f} s, every rank its "
                 "own rows (torchtitan's checkpointer, with no checkpoint to resume, then calls it a fresh start)")
@@ -86,7 +86,7 @@ def check_coverage(trainer) -> None:
     """Raise unless every model weight has a Hugging Face key and comes back from it (on meta: no memory)."""
     if not uses_hf_weights(trainer.config):
         return
-    names = sharded.meta_shapes(sharded.state_dict_pieces(  # a layer at a time; LoRA's adapters: lora_io.py
+    names = shards.meta_shapes(shards.state_dict_pieces(  # a layer at a time; LoRA's adapters: lora/folders.py
         trainer.model_parts, keep=lambda key: not is_adapter_key(key)))
     adapter = _adapter(trainer)
     back = adapter.from_hf(adapter.to_hf(dict(names)))
@@ -189,10 +189,10 @@ def export(trainer) -> str | None:
         return None
     target, dtype = os.path.abspath(settings.dir), TORCH_DTYPE_MAP[settings.dtype]
     source = trainer.config.checkpoint.initial_load_path or None
-    ranks = sharded.Ranks()
+    ranks = write.Ranks()
     try:
-        with sharded.staged(ranks, target) as staging:
-            layout = sharded.write_model(ranks, staging, _adapter(trainer), sharded.state_dict_pieces(
+        with write.staged(ranks, target) as staging:
+            layout = write.write_model(ranks, staging, _adapter(trainer), shards.state_dict_pieces(
                 trainer.model_parts), dtype, settings.max_shard_mb * 10**6)
             if ranks.rank == 0:
                 fill_folder(staging, model_config_json(trainer, source, dtype),

@@ -1,6 +1,6 @@
 """The report's plots (matplotlib, headless Agg): loss curves with their smoothing, throughput with the warm-up.
 
-Kept apart from report.py so the comparison tool draws the same plots without importing torch.
+Kept apart from run_report.py so the comparison tool draws the same plots without importing torch.
 """
 
 import statistics

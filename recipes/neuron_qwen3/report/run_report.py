@@ -27,8 +27,10 @@ from torchtitan.components.metrics import BaseLogger, LoggerContainer, _get_metr
 from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
 
-from neuron_qwen3 import devices, flops, shapes
-from neuron_qwen3.plots import plot_loss, plot_throughput
+from neuron_qwen3 import shapes
+from neuron_qwen3.quirks import devices
+from neuron_qwen3.report import flops
+from neuron_qwen3.report.plots import plot_loss, plot_throughput
 
 FOLDER = "report"
 WARMUP_STEPS = 2  # steps left out of the steady state: the first builds the graphs (and compiles, COMPILE=1)
@@ -145,6 +147,8 @@ class RunReport:
                 container.add_logger(metrics.logger)
                 metrics.logger = container
             metrics.logger.add_logger(backend)
+            # the config as finish.py finished it: what `--dry-run` printed before launch
+            (backend.path.parent / "config.json").write_text(json.dumps(trainer.finished_config, indent=2) + "\n")
         else:
             backend = None
         return cls(trainer, backend, peak, shape)

@@ -1,0 +1,102 @@
+"""`finish`: the one place a config is completed with every setting derived from it, the world and the device.
+
+A config function returns what the user chose (its values, then the flags); what follows from those choices is
+derived here, once: float32 on CPU, the NKI experts' kwargs, Hugging Face compatibility, LoRA, the tokenizer
+folder, the validation split, EPOCHS' steps, the fine-tuning learning rate and warm-up, the global batch. The
+pre-launch pass (prelaunch/preflight.py) and every worker (trainer.RunHooks) call it on the same parsed flags, and
+nothing writes the config after it, so `--dry-run` prints exactly what the workers train (the run report keeps
+the workers' copy: report/config.json).
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from neuron_qwen3 import data
+from neuron_qwen3.hf import weights
+from neuron_qwen3.lora import adapters, folders
+from neuron_qwen3.run import tuning
+
+# The override.imports entry that swaps the nki_moe experts (moe/experts.py), named without importing it: a
+# torchtitan without the override registry still runs the other variants.
+NKI_EXPERTS = "neuron_qwen3.moe.experts.nki_grouped_experts"
+
+CPU_FLOAT32 = ("precision: float32 (--training.mixed_precision_param float32{experts}): full scale on CPU, where "
+               "bf16 matmuls are emulated; --no-cpu_float32 keeps the config's")
+
+
+@dataclass
+class Finished:
+    """What finishing found besides the config: the lines saying what it derived, LoRA's settings, EPOCHS' plan."""
+
+    lines: list = field(default_factory=list)
+    lora: adapters.LoRASettings | None = None
+    plan: object = None  # data.epochs.Plan, with EPOCHS
+
+
+def _nki_entries(overrides):
+    """(index, kwargs) of each override entry that swaps in the NKI experts."""
+    for i, entry in enumerate(overrides.imports):
+        target, kwargs = (entry, {}) if isinstance(entry, str) else entry
+        if target == NKI_EXPERTS:
+            yield i, kwargs
+
+
+def cpu_float32(config, kind: str) -> str | None:
+    """On CPU (`kind`, the device the worker trains on), a full-scale config computes in float32, as the bench
+    configs do on CPU; a config of the user's own (no report.scale) decides its own. Returns the line that says
+    so, or None."""
+    if kind != "cpu" or config.report.scale != "full" or not config.cpu_float32:
+        return None
+    config.training.mixed_precision_param = "float32"
+    experts = ""
+    for i, kwargs in list(_nki_entries(config.override)):  # the nki_moe experts cast to bf16 themselves
+        config.override.imports[i] = (NKI_EXPERTS, {**kwargs, "compute_dtype": "float32"})
+        experts = ", nki_moe experts compute_dtype float32"
+    return CPU_FLOAT32.format(experts=experts)
+
+
+def configure_nki_experts(overrides, neuron) -> None:
+    """Give the NKI experts override the run's kernel choice and LNC (`--neuron.*`), unless its entry sets them."""
+    for i, kwargs in list(_nki_entries(overrides)):
+        overrides.imports[i] = (NKI_EXPERTS, {"kernel": neuron.moe_kernel,
+                                              "logical_nc_config": neuron.logical_nc_config, **kwargs})
+
+
+def configure_validation(config) -> None:
+    """VALIDATION (`--dataloader.validation`): torchtitan's validator over the whole validation set, with the
+    project's loader of it (every rank its share, equal batches), every `--validator.freq` steps."""
+    loader = config.dataloader
+    if loader.validation:
+        config.validator.enable, config.validator.steps = True, -1
+        config.validator.dataloader = dataclasses.replace(loader, split="validation", infinite=False, epochs=0)
+
+
+def data_parallel(config, world: int) -> int:
+    """The data-parallel degree of `config.parallelism` on `world` ranks, as torchtitan's Trainer derives it."""
+    from torchtitan.distributed import ParallelDims
+
+    dims = ParallelDims.from_config(config.parallelism, world)
+    return dims.dp_replicate * dims.dp_shard
+
+
+def finish(config, world: int, kind: str) -> Finished:
+    """Complete `config` in place for `world` ranks training on `kind` (cpu, cuda, neuron). Raises LoRAError
+    (an adapter's settings), DataError (EPOCHS over a bad record) or ValueError (a bad LR or warm-up)."""
+    done = Finished()
+    precision = cpu_float32(config, kind)
+    done.lines += [precision] if precision else []
+    configure_nki_experts(config.override, config.neuron)
+    weights.hf_compatible(config)  # before the model is built
+    done.lora = folders.resolve(config)  # an initial load naming a PEFT adapter: its base is loaded instead
+    if done.lora:
+        adapters.attach(config, done.lora)  # adapters in before parallelize_fn, the base frozen after it
+    if isinstance(config.dataloader, data.DataLoader.Config):
+        config.dataloader.tokenizer_folder = data.tokenizer_of(config)  # the chat template of the model trained
+        configure_validation(config)
+        if config.dataloader.epochs:
+            done.plan = data.epochs.plan(config, data_parallel(config, world))
+            config.training.steps = done.plan.steps
+            done.lines.append(f"epochs: {done.plan.line}")
+    done.lines += tuning.apply(config)  # after EPOCHS: the warm-up may be a fraction of the steps
+    config.training.global_batch_size = tuning.batch(config, world)[0]  # -1 resolved as torchtitan resolves it
+    return done

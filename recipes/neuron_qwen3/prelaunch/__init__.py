@@ -1,0 +1,2 @@
+"""Before launch, run by the launcher in children: `preflight.py` (the pre-launch pass), `checkpoints.py` (broken
+and unfinished checkpoints), `selftest.py` (a new trn2's self-test)."""
