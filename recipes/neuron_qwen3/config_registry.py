@@ -39,8 +39,11 @@ from torchtitan.models.qwen3.model import Qwen3Model
 
 from neuron_qwen3 import data, shapes
 from neuron_qwen3.finish import NKI_EXPERTS as NKI_EXPERTS_OVERRIDE
+from neuron_qwen3.quirks import titan_logs
 from neuron_qwen3.quirks.titan_compat import LRSchedulersContainer
 from neuron_qwen3.trainer import Qwen3Trainer
+
+titan_logs.install()  # before any config function builds torchtitan's checkpoint Config (quirks/titan_logs.py)
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 SMOKE_TOKENIZER = ASSETS / "tokenizer"

@@ -23,7 +23,7 @@ from neuron_qwen3 import data
 from neuron_qwen3.finish import finish
 from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import folders, footprint
-from neuron_qwen3.quirks import devices
+from neuron_qwen3.quirks import devices, titan_logs
 from neuron_qwen3.report import run_report
 from neuron_qwen3.run import divergence, same_config, stop, teardown
 
@@ -145,6 +145,7 @@ class RunHooks(Trainer):
 
     def __init__(self, config):
         self.device_kind = devices.set_up(config.device)  # before the trainer touches a device (devices.py)
+        titan_logs.install(project_mfu=True)  # torchtitan's A100 peak lines: RunReport.attach turns its MFU off
         self.stop_watch = stop.StopWatch(config.stop.enable)  # a signal during set-up ends the run at step 1
         try:
             super().__init__(config)  # init_distributed finishes the config; then the dataloader resolves the source
