@@ -5,9 +5,9 @@
 #                   so the image job needs no package index
 #   make train      the launcher at smoke scale on this host (VARIANT=native|v5|nki_moe, STEPS=N, DEVICE=cpu)
 #   make compare    the three variants alike (SCALE=smoke|bench, STEPS, COMPILE...), one table, one loss plot
-#   make test       the whole test suite, the image smoke job included (what CI runs)
+#   make test       the whole test suite, the image smoke job included (what CI runs), and its 10 slowest tests
 #   make test-fast  everything but the slow groups (markers `image` and `training`, pyproject.toml)
-#   make docs       the variable and variant tables of README.md and docs/production.md, from the code
+#   make docs       the variant and settings tables of README.md and docs/, from the code
 #   make lock       regenerate requirements*.lock from requirements*.in (needs the package index)
 #   make lock-check would `make lock` give the same locks today? (needs the index; not part of `make test`)
 #   make image   build the image through the docker SDK (ci/build_image.py): BASE_IMAGE=..., ARGS="--help"
@@ -54,7 +54,7 @@ compare: venv
 	SCALE=$${SCALE:-smoke} $(PY) -m bench.compare --run $(ARGS)
 
 test: venv
-	$(PY) -m pytest -q -rsxX
+	$(PY) -m pytest -q -rsxX --durations=10
 
 test-fast: venv
 	$(PY) -m pytest -q -rsxX -m "not image and not training"

@@ -1,8 +1,8 @@
-"""`make docs`: the tables of README.md and docs/production.md, rendered from the code that defines them.
+"""`make docs`: the tables of the docs (DOCS), rendered from the code that defines them.
 
 Each generated block sits between `<!-- generated: NAME -->` and `<!-- end: NAME -->`: the variant table
-(entrypoint/variants.py) and the settings tables (entrypoint/contract.py, by group). `--check` rewrites nothing
-and exits 1 when a block is stale (tests/test_readme.py runs it).
+(entrypoint/variants.py, in README.md) and the settings tables (entrypoint/contract.py, by group: docs/settings.md
+and docs/production.md). `--check` rewrites nothing and exits 1 when a block is stale (tests/test_readme.py runs it).
 """
 
 import re
@@ -13,7 +13,7 @@ from entrypoint import contract
 from entrypoint.variants import DEFAULT_VARIANT, VARIANTS
 
 REPO = Path(__file__).resolve().parent.parent
-DOCS = ("README.md", "docs/production.md")
+DOCS = ("README.md", "docs/settings.md", "docs/production.md")
 
 
 def variant_table() -> str:
@@ -25,7 +25,7 @@ def variant_table() -> str:
 
 
 def settings_table(groups) -> str:
-    """The variables of the contract's `groups`, as README.md and docs/production.md show them."""
+    """The variables of the contract's `groups`, as docs/settings.md and docs/production.md show them."""
     rows = ["| variable | default | accepts | torchtitan flag | meaning |", "|---|---|---|---|---|"]
     rows += [f"| `{var.name}` | {f'`{var.default}`' if var.default else '-'} | {var.allowed} | "
              f"{f'`{var.flag}`' if var.flag else '-'} | {var.meaning} |"

@@ -13,7 +13,7 @@ README = (REPO / "README.md").read_text()
 
 
 def test_the_generated_tables_are_current():
-    """README.md and docs/production.md hold the variant table and every settings table as the code renders them."""
+    """The docs (ci/docs.py's DOCS) hold the variant table and every settings table as the code renders them."""
     assert docs.main(["--check"]) == 0, "run `make docs`"
     text = "".join((REPO / name).read_text() for name in docs.DOCS)
     for name in docs.blocks():
@@ -39,7 +39,7 @@ def test_the_two_setup_commands_are_what_ci_runs():
     assert (REPO / ".ci" / "run").read_text().strip().splitlines()[-1] == "make test"
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^train: venv\n\t.*-m entrypoint$", makefile, re.M)
-    assert re.search(r"^test: venv\n\t\$\(PY\) -m pytest -q -rsxX$", makefile, re.M)
+    assert re.search(r"^test: venv\n\t\$\(PY\) -m pytest -q -rsxX --durations=10$", makefile, re.M)
 
 
 def test_the_production_command_parses_and_its_variables_pass_the_contract():
@@ -63,3 +63,18 @@ def test_the_disk_figures_are_the_checks_make_venv_and_the_image_job_make():
     venv_gb = re.search(r"^VENV_DISK_GB \?= (\d+)$", (REPO / "Makefile").read_text(), re.M)[1]
     assert f"refuses to start with less than {venv_gb} GB free" in README
     assert f"checks for {standin.BUILD_DISK_GB} GB first" in README
+
+
+def test_the_readme_stays_short_and_no_doc_names_an_issue_number():
+    """The README is the user's page: at most 200 lines. Docs say the reason, not a tracker's number."""
+    assert len(README.splitlines()) <= 200, "README.md: move detail to docs/"
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        named = re.findall(r"\b[Ii]ssues? #?\d+", path.read_text())
+        assert not named, f"{path.relative_to(REPO)} names {named}: say the reason instead"
+
+
+def test_the_docs_links_resolve():
+    """Every relative link of README.md and docs/*.md points at a file of the repository."""
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
+            assert (path.parent / target).exists(), f"{path.relative_to(REPO)} links to {target}, which is not there"
