@@ -252,6 +252,13 @@ VARS = (
         "experts.down_proj)", flag="--lora.targets"),
     Var("EXPORT_MERGED", "0", switch, "with LoRA: the merged model at EXPORT_DIR, the adapter in EXPORT_DIR/adapter",
         flag="--export.merged"),
+    Var("MOE_AUX_LOSS", None, decimal("a number from 0, like 0.001", 0, float("inf"), from_low=True),
+        "MoE: the coefficient of Qwen3-MoE's load-balancing loss (transformers' load_balancing_loss_func) added to "
+        "the loss; 0: off; default: INIT_FROM's router_aux_loss_coef, else 0.001", flag="--moe.aux_loss"),
+    Var("MOE_Z_LOSS", None, decimal("a number from 0, like 0.001", 0, float("inf"), from_low=True),
+        "MoE: the coefficient of the router z-loss (ST-MoE); default: 0", flag="--moe.z_loss"),
+    Var("MOE_ROUTER", None, choice("train", "freeze"), "MoE: freeze keeps every router at INIT_FROM's weights, out "
+        "of the optimizer; default: train", flag="--moe.router"),
     Var("DATASET", None, text("`c4`, a Hub dataset id, or a local .jsonl, .json, .parquet or .txt file or folder"),
         "training data; default: the config's (c4 at full scale, the bundled corpus at smoke); local files are "
         "read offline",

@@ -1,19 +1,24 @@
 """`finish`: the one place a config is completed with every setting derived from it, the world and the device.
 
 A config function returns what the user chose (its values, then the flags); what follows from those choices is
-derived here, once: float32 on CPU, the NKI experts' kwargs, Hugging Face compatibility, LoRA, the tokenizer
-folder, the validation split, EPOCHS' steps, the fine-tuning learning rate and warm-up, the global batch. The
-pre-launch pass (prelaunch/preflight.py) and every worker (trainer.RunHooks) call it on the same parsed flags, and
+derived here, once: float32 on CPU, the NKI experts' kwargs, Hugging Face compatibility, LoRA, the MoE routers'
+loss coefficient and freeze, the tokenizer folder, the validation split, EPOCHS' steps, the fine-tuning learning
+rate and warm-up, the global batch. The pre-launch pass (prelaunch/preflight.py) and every worker (trainer.RunHooks) call it on the same parsed flags, and
 nothing writes the config after it, so `--dry-run` prints exactly what the workers train (the run report keeps
 the workers' copy: report/config.json).
 """
 
 import dataclasses
+import json
+import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from neuron_qwen3 import data
 from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import adapters, folders
+from neuron_qwen3.moe import routing
 from neuron_qwen3.run import tuning
 
 # The override.imports entry that swaps the nki_moe experts (moe/experts.py), named without importing it: a
@@ -71,6 +76,27 @@ def configure_validation(config) -> None:
         config.validator.dataloader = dataclasses.replace(loader, split="validation", infinite=False, epochs=0)
 
 
+def configure_router(config) -> None:
+    """MOE_AUX_LOSS unset: the coefficient Qwen3-MoE trains with, INIT_FROM's router_aux_loss_coef (as transformers
+    and TRL read it), else 0.001; a dense model: 0. MOE_ROUTER=freeze: the routers frozen after parallelizing
+    (in place, as LoRA's attach, for the same reason)."""
+    moe = config.moe
+    for name, value in (("aux_loss", moe.aux_loss), ("z_loss", moe.z_loss)):
+        if value is not None and not 0 <= value < math.inf:
+            raise ValueError(f"--moe.{name}={value} is not a coefficient from 0")
+    if adapters.family_of(config.model_spec.model) != "moe":
+        moe.aux_loss = 0.0 if moe.aux_loss is None else moe.aux_loss
+        return
+    if moe.aux_loss is None:
+        source = config.checkpoint.initial_load_path if config.checkpoint.initial_load_in_hf else None
+        path = os.path.join(source, "config.json") if source else ""
+        found = json.loads(Path(path).read_text()).get("router_aux_loss_coef") if os.path.isfile(path) else None
+        moe.aux_loss = float(found) if found is not None else routing.QWEN3_MOE_AUX
+    if moe.router == "freeze":
+        spec = config.model_spec
+        spec.parallelize_fn = routing.wrap_parallelize(spec.parallelize_fn)
+
+
 def data_parallel(config, world: int) -> int:
     """The data-parallel degree of `config.parallelism` on `world` ranks, as torchtitan's Trainer derives it."""
     from torchtitan.distributed import ParallelDims
@@ -90,6 +116,7 @@ def finish(config, world: int, kind: str) -> Finished:
     done.lora = folders.resolve(config)  # an initial load naming a PEFT adapter: its base is loaded instead
     if done.lora:
         adapters.attach(config, done.lora)  # adapters in before parallelize_fn, the base frozen after it
+    configure_router(config)  # after resolve: INIT_FROM is then the base model's folder
     if isinstance(config.dataloader, data.DataLoader.Config):
         config.dataloader.tokenizer_folder = data.tokenizer_of(config)  # the chat template of the model trained
         configure_validation(config)

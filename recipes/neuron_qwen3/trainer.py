@@ -23,6 +23,7 @@ from neuron_qwen3 import data
 from neuron_qwen3.finish import finish
 from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import folders, footprint
+from neuron_qwen3.moe import routing
 from neuron_qwen3.quirks import devices, titan_logs
 from neuron_qwen3.report import run_report
 from neuron_qwen3.run import divergence, same_config, stop, teardown
@@ -61,6 +62,17 @@ class Neuron:
     """Physical NeuronCores per logical core (NEURON_LOGICAL_NC_CONFIG): the NKI kernels' and the MFU peak's LNC."""
     moe_kernel: Literal["auto", "nki", "reference"] = "auto"
     """nki_moe expert kernel: auto is NKI on Neuron and the PyTorch reference elsewhere."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Moe:
+    aux_loss: float | None = None
+    """MOE_AUX_LOSS: the coefficient of Qwen3-MoE's load-balancing loss added to the loss (moe/routing.py); None:
+    INIT_FROM's config.json router_aux_loss_coef, else Qwen3-MoE's 0.001 (finish.py); 0: off."""
+    z_loss: float = 0.0
+    """MOE_Z_LOSS: the coefficient of the router z-loss (ST-MoE)."""
+    router: Literal["train", "freeze"] = "train"
+    """MOE_ROUTER: freeze keeps every router's weights as loaded (INIT_FROM), out of the optimizer."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -119,6 +131,7 @@ class RunSettings:
     are emulated on CPU (a first Qwen3-0.6B step did not finish in 6 minutes)."""
     export: Export = field(default_factory=Export)
     lora: Lora = field(default_factory=Lora)
+    moe: Moe = field(default_factory=Moe)
     neuron: Neuron = field(default_factory=Neuron)
     report: Report = field(default_factory=Report)
     stop: Stop = field(default_factory=Stop)
@@ -155,6 +168,7 @@ class RunHooks(Trainer):
         self.loss_watch = divergence.attach(self)
         self.stop_watch.join(config.comm)
         self.first_step = None
+        self.router_watch = routing.attach(self)  # MoE: the router losses and the experts' load (moe/routing.py)
         self.report = run_report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
 
     def train(self):
@@ -193,6 +207,13 @@ class RunHooks(Trainer):
         if self.config.validator.enable and step == self.config.training.steps \
                 and not self.validator.should_validate(step):
             self.validator.validate(self.model_parts, step)
+
+    def post_dataloading_process(self, input_dict, labels):
+        """torchtitan's, less the window's `real` marks, which tell the MoE router watch the tokens that count."""
+        real = input_dict.pop("real", None)
+        if self.router_watch is not None:
+            self.router_watch.start(real)
+        return super().post_dataloading_process(input_dict, labels)
 
     def batch_generator(self, data_iterable):
         """torchtitan's, with a bad record met while training as its one line and exit 2."""

@@ -32,8 +32,14 @@ def documents(record: dict, kind: str, field: str, encoder: Encoder, seq_len: in
 def blank(seq_len: int, pad_id: int):
     """A window that counts for nothing (every label IGNORE_INDEX): what a rank yields once its data has ended, so
     every rank takes part in every step (the loss divides by the tokens that count, summed over the ranks)."""
-    return ({"input": torch.full((seq_len,), pad_id), "positions": torch.arange(seq_len)},
-            torch.full((seq_len,), IGNORE_INDEX))
+    return ({"input": torch.full((seq_len,), pad_id), "positions": torch.arange(seq_len),
+             "real": torch.zeros(seq_len, dtype=torch.bool)}, torch.full((seq_len,), IGNORE_INDEX))
+
+
+def without_real(window):
+    """A window for torchtitan's Validator, which passes every input but the tokens to the model."""
+    inputs, labels = window
+    return {key: value for key, value in inputs.items() if key != "real"}, labels
 
 
 def count(counts: dict, doc, docs: list, cut: str | None) -> None:
@@ -125,8 +131,8 @@ class Shares(IterableDataset):
         for window in self.packed:
             if total % self.world == self.rank:
                 mine += 1
-                yield window
+                yield without_real(window)
             total += 1
         share = -(-total // self.world)
         for _ in range(-(-share // self.batch) * self.batch - mine):
-            yield blank(self.packed.seq_len, self.packed.pad_id)
+            yield without_real(blank(self.packed.seq_len, self.packed.pad_id))

@@ -6,7 +6,8 @@ Inputs and labels are shifted within each document (the last token of one is nev
 first of the next), so a document of n tokens fills n - 1 positions. Text flows from one window into the next
 (a long document continues there, its positions restarted); a conversation is kept whole in one window, so one
 longer than the window is cut first (`fit`). A window that cannot take the next conversation, and the last
-window of an epoch, is padded (labels IGNORE_INDEX, each pad run a document of its own).
+window of an epoch, is padded (labels IGNORE_INDEX, each pad run a document of its own); a window's `real` marks
+the tokens that are not padding, for what counts tokens rather than labels (the MoE routers' losses).
 """
 
 import torch
@@ -50,6 +51,7 @@ class Packer:
         self.seq_len, self.pad_id, self.whole = seq_len, pad_id, whole
         self.inputs, self.labels, self.positions = [], [], []
         self.padding = 0
+        self.pad_from = []  # where each pad run in the buffer begins and ends (a window's tail, or a whole window)
 
     def push(self, doc: Document) -> None:
         if self.whole and self.inputs and len(self.inputs) + len(doc.labels) > self.seq_len:
@@ -60,6 +62,8 @@ class Packer:
 
     def _pad(self) -> None:
         count = -len(self.inputs) % self.seq_len
+        if count:
+            self.pad_from.append((len(self.inputs), len(self.inputs) + count))
         self.inputs += [self.pad_id] * count
         self.labels += [IGNORE_INDEX] * count
         self.positions += range(count)
@@ -72,12 +76,16 @@ class Packer:
         n = self.seq_len
         inputs, labels, positions = self.inputs[:n], self.labels[:n], self.positions[:n]
         del self.inputs[:n], self.labels[:n], self.positions[:n]
+        real = torch.ones(n, dtype=torch.bool)
+        for start, end in (run for run in self.pad_from if run[0] < n):
+            real[start:min(end, n)] = False
+        self.pad_from = [(max(0, start - n), end - n) for start, end in self.pad_from if end > n]
         offset = positions[0]  # a document continued from the previous window restarts at 0
         for i in range(n if offset else 0):
             if positions[i] == 0:
                 break
             positions[i] -= offset
-        return {"input": torch.tensor(inputs), "positions": torch.tensor(positions)}, torch.tensor(labels)
+        return {"input": torch.tensor(inputs), "positions": torch.tensor(positions), "real": real}, torch.tensor(labels)
 
     def flush(self):
         """What is left, padded to a window; None when nothing is."""
@@ -87,8 +95,10 @@ class Packer:
         return self.pop()
 
     def state_dict(self) -> dict:
-        return {"inputs": self.inputs, "labels": self.labels, "positions": self.positions, "padding": self.padding}
+        return {"inputs": self.inputs, "labels": self.labels, "positions": self.positions, "padding": self.padding,
+                "pad_from": self.pad_from}
 
     def load_state_dict(self, state: dict) -> None:
         self.inputs, self.labels = list(state["inputs"]), list(state["labels"])
         self.positions, self.padding = list(state["positions"]), state["padding"]
+        self.pad_from = [tuple(run) for run in state.get("pad_from", [])]  # a checkpoint from before: no marks
