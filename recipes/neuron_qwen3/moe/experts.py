@@ -249,6 +249,7 @@ class NKIGroupedExperts(GroupedExperts):
         )
         num_blocks = max_num_blocks(num_rows, num_experts, self.block_size) if static else None
         layout = presorted_block_layout(num_tokens_per_expert_E, num_rows, self.block_size, num_blocks)
+        self.block_rows = layout.block_to_expert.shape[0] * self.block_size  # what the kernel computes (a shape)
 
         dtype = self.compute_dtype
         hidden_T1H = torch.cat([x_RD.to(dtype), x_RD.new_zeros(1, dim, dtype=dtype)])

@@ -44,8 +44,8 @@ class RouterWatch:
             layer.router.register_forward_hook(self._record(self.picks, i, lambda out: out[1]))  # topk ids
             inner = getattr(layer.routed_experts, "inner_experts", None)
             if isinstance(inner, NKIGroupedExperts):
-                inner.register_forward_hook(self._blocks(inner.block_size))
-        self.kernel = None  # rows routed, rows computed in blocks, this micro-step (NKI experts only)
+                inner.register_forward_hook(self._blocks)
+        self.kernel = None  # rows routed, rows the NKI experts computed in blocks, this micro-step
 
     def _record(self, into: dict, i: int, pick):
         def hook(_module, _inputs, output):
@@ -53,14 +53,10 @@ class RouterWatch:
                 into[i] = pick(output)
         return hook
 
-    def _blocks(self, block_size: int):
-        def hook(_module, inputs, _output):
-            if self.capturing:
-                x_RD, counts_E = inputs
-                blocks = torch.div(counts_E + block_size - 1, block_size, rounding_mode="floor").sum()
-                found = torch.stack([counts_E.new_tensor(x_RD.shape[0]), blocks * block_size]).double()
-                self.kernel = found if self.kernel is None else self.kernel + found
-        return hook
+    def _blocks(self, experts, inputs, _output):
+        if self.capturing:  # shapes only: no host sync
+            found = torch.tensor([float(inputs[0].shape[0]), float(experts.block_rows)], dtype=torch.float64)
+            self.kernel = found if self.kernel is None else self.kernel + found
 
     def start(self, real_BL: torch.Tensor | None) -> None:
         """Before a training micro-step's forward: which of its tokens count (None: all)."""

@@ -1,38 +1,19 @@
-"""Three torchtitan 0.3.0 log lines that are untrue of this project's runs, corrected on torchtitan's own logger.
+"""torchtitan 0.3.0 log lines that are untrue of this project's runs, corrected by a filter on torchtitan's logger.
 
-torchtitan logs through the root logger (torchtitan/tools/logging.py: `logger = logging.getLogger()`), so a filter
-on that logger sees torchtitan's records before any handler, and `init_logger` (which clears the handlers only)
-keeps it. The filter matches each line by its exact text and level, and nothing else.
+torchtitan logs through the root logger (tools/logging.py), so a filter there sees its records before any
+handler and survives `init_logger`. Each line is matched by its exact text and level:
 
-1. "initial_load_model_only=True has no effect without an initial_load_path." (WARNING) comes from
-   `BaseCheckpointManager.Config.__post_init__` (components/checkpointer/base.py:335-338). It fires every time a
-   checkpoint Config is built with no initial_load_path and `initial_load_model_only` at its default, True, so it
-   cannot tell that default from a user's flag. It comes while the config is being parsed, not at a load. The
-   Config built by torchtitan's qwen3 config function (models/qwen3/config_registry.py:226, called by every
-   native/nki_moe config here) warns before the command line's `--checkpoint.initial_load_path` is applied. tyro
-   builds the parsed one, and `Configurable.Config.build`'s `replace(self)` (config/configurable.py:151) builds it
-   again in the Trainer. An INIT_FROM run prints it once, from the config function: untrue, because the run has a
-   path and the launcher passes `--checkpoint.initial_load_model_only` only next to one (entrypoint/plan.py). Any
-   other run prints it three times, about a default nobody set. It is dropped in both cases (`install`, from
-   config_registry's import on, before any config function runs). hf/weights.py setting
-   `checkpointer.initial_load_path = None` after its own load plays no part in this: it happens after every Config
-   is built, and on the manager, not on a Config. The true line is already logged there ("Loaded the Hugging
-   Face weights of ... (torchtitan's checkpointer ... then calls it a fresh start)").
+1. "initial_load_model_only=True has no effect without an initial_load_path." (WARNING): the checkpoint Config's
+   __post_init__ (components/checkpointer/base.py) warns whenever one is built without a path, which the qwen3
+   config function does before the command line's INIT_FROM applies, and tyro and `Config.build` do again.
+   The project loads INIT_FROM itself and says so (hf/weights.py); the line is dropped.
+2. On a device torchtitan's peak table lacks (a host CPU), `get_peak_flops` (tools/utils.py) warns "Peak flops
+   undefined for: cpu, fallback to A100" twice and the Trainer logs "Peak FLOPS used for computing MFU:
+   3.120e+14". The project's run report turns torchtitan's MFU off there (report/run_report.py), so with
+   `install(project_mfu=True)` (the project's trainer) the warnings are dropped and the peak line says why
+   there is none.
 
-2. torchtitan's peak FLOPS on a device that is not in its table (a host CPU, where its device name is "cpu", or a
-   GPU it does not list). `get_peak_flops` (tools/utils.py:258; 253 for TPU) warns "Peak flops undefined for: cpu,
-   fallback to A100" and returns the A100's 312e12. It is called twice: in `MetricsProcessor.__init__`
-   (components/metrics.py:347) and in `Trainer.__init__` (trainer.py:539), which then logs "Peak FLOPS used for
-   computing MFU: 3.120e+14" (trainer.py:540). The project's trainer never uses that figure:
-   `run_report.RunReport.attach` takes the peak from report/flops.py, which has none for such a device, and turns
-   torchtitan's MFU off (`has_quantization`, the upstream switch). The step lines say "mfu: N/A" and summary.json
-   says mfu null. With `install(project_mfu=True)`, which the project's trainer calls before torchtitan's
-   Trainer.__init__, both fallback warnings are dropped and the "Peak FLOPS used" line is replaced by the true one:
-   "Peak FLOPS used for computing MFU: none (CPU: no agreed peak FLOPS for a host CPU, so no MFU) ...". Without
-   `project_mfu` (a stock torchtitan trainer, which does divide by the A100 figure), these lines pass unchanged.
-
-tests/test_titan_logs.py shows that stock torchtitan logs each line in the same situation and that none is logged
-with the filter on.
+tests/test_titan_logs.py shows stock torchtitan logs each line in the same situation and none is left.
 """
 
 import collections
