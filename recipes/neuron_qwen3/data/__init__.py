@@ -7,12 +7,12 @@ packing.py      documents into seq_len windows, positions restarting per documen
 dataset.py      one rank's stateful stream of windows, and the counts of what it read; the validation shares
 loader.py       `DataLoader`, the torchtitan dataloader, and its Config (training or validation records)
 epochs.py       EPOCHS: the steps N passes take, counted from the packed data
-scan.py         `scan`: a whole local file checked before launch
+scan.py         `scan`: a whole local file checked before launch; `render_first`: its first record rendered
 """
 
 from neuron_qwen3.data import epochs
 from neuron_qwen3.data.loader import DataLoader, tokenizer_of
 from neuron_qwen3.data.records import DataError
-from neuron_qwen3.data.scan import Scan, scan
+from neuron_qwen3.data.scan import Scan, render_first, scan
 
-__all__ = ["DataError", "DataLoader", "Scan", "epochs", "scan", "tokenizer_of"]
+__all__ = ["DataError", "DataLoader", "Scan", "epochs", "render_first", "scan", "tokenizer_of"]

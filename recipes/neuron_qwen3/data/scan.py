@@ -46,3 +46,25 @@ def scan(path: str, field: str = "text", train_on: str = "assistant", tokenizer_
     except DataError as error:
         result.problem = str(error)
     return result
+
+
+def render_first(path: str, field: str, train_on: str, tokenizer_folder: str) -> str | None:
+    """The first record of a local chat DATASET rendered with the run's tokenizer and chat template, as the workers
+    render it: a template that does not compile, or refuses this data, is one line before launch instead of a
+    traceback in every worker. None: it renders (or the data is text)."""
+    import jinja2
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    table = local_table(path)
+    record = table.record(0)
+    if conversations.kind(record, field) != "chat":
+        return None
+    try:
+        encoder = Encoder(HuggingFaceTokenizer(tokenizer_path=tokenizer_folder), train_on)
+    except jinja2.TemplateError as error:
+        return f"the chat template of {tokenizer_folder} does not compile: {str(error).splitlines()[0]}"
+    try:
+        encoder.chat(*conversations.conversation(record, field))
+    except Problem as problem:
+        return f"{table.origin(0)}: {problem} (the chat template of {tokenizer_folder})"
+    return None

@@ -26,6 +26,9 @@ from torchtitan.components.loss import IGNORE_INDEX
 
 from neuron_qwen3.data.conversations import Problem
 from neuron_qwen3.data.records import DataError
+from neuron_qwen3.quirks import chat_template as template_compile
+
+template_compile.apply()  # before any tokenizer is built: `{% generation %}` templates load (quirks/chat_template.py)
 
 TRAIN_ON = ("assistant", "last", "all")
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"

@@ -336,8 +336,10 @@ def run(request: dict) -> dict:
     source = getattr(config.dataloader, "source", None)
     if source and os.path.exists(source):  # local: every record read as the workers read it (formats, not tokens)
         found = data.scan(source, config.dataloader.field)
-        if found.problem:
-            answer["problems"].append(f"DATASET: {found.problem}")
+        problem = found.problem or data.render_first(source, config.dataloader.field, config.dataloader.train_on,
+                                                     config.dataloader.tokenizer_folder)
+        if problem:
+            answer["problems"].append(f"DATASET: {problem}")
         else:
             answer["lines"].append(f"dataset: {found.counts['records']} records" + (
                 f", {found.counts['turns']} turns" if found.counts["turns"] else "") + f" in {source}")

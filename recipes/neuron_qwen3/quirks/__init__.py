@@ -1,3 +1,4 @@
 """Platform quirks, one module each, each naming the upstream behaviour it works around: `devices.py` (device
 set-up), `cpu_adapter.py` (torchtitan on CPU), `hf_rope_fix.py` (transformers' RoPE init), `titan_compat.py`
-(torchtitan name moves), `titan_logs.py` (torchtitan log lines untrue of these runs)."""
+(torchtitan name moves), `titan_logs.py` (torchtitan log lines untrue of these runs), `chat_template.py`
+(torchtitan's plain-Jinja compile of `{% generation %}` templates)."""
