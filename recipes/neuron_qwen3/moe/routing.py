@@ -104,10 +104,10 @@ class RouterWatch:
         if not self.steps:
             return None
         sums = self.sums.clone()
-        if self.group is not None:  # the kernel rows are each rank's own
-            kernel = sums[-2:].clone()
-            dist.all_reduce(kernel, group=self.group)
-            sums[-2:] = kernel
+        if self.group is not None:  # aux and z: each rank's share of the global value; the kernel rows: its own
+            shares = sums[-4:].clone()
+            dist.all_reduce(shares, group=self.group)
+            sums[-4:] = shares
         sums = sums.cpu()
         size = len(self.layers) * self.num_experts
         counts = sums[:size].reshape(len(self.layers), self.num_experts)

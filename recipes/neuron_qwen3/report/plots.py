@@ -1,4 +1,5 @@
-"""The report's plots (matplotlib, headless Agg): loss curves with their smoothing, throughput with the warm-up.
+"""The report's plots (matplotlib, headless Agg): loss curves with their smoothing, throughput with the warm-up,
+a MoE run's tokens per expert.
 
 Kept apart from run_report.py so the comparison tool draws the same plots without importing torch.
 """
@@ -10,13 +11,19 @@ PLOT_SIZE = (8, 4.5)  # inches, at PLOT_DPI: 800 x 450 pixels
 PLOT_DPI = 100
 
 
-def _figure(title, ylabel):
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _figure(title, ylabel):
     from matplotlib.ticker import MaxNLocator
 
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
     ax.set_title(title)
     ax.set_xlabel("step")
@@ -64,5 +71,23 @@ def plot_throughput(records: list, warmup_steps: int, path: Path) -> None:
         ax.axvspan(records[0]["step"] - 0.5, warmup_steps + 0.5, color="orange", alpha=0.2,
                    label=f"warm-up (steps 1-{warmup_steps}): not in the steady state")
     ax.legend()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_experts(tokens: list, step: int, path: Path) -> None:
+    """A heatmap of the tokens each expert got in each MoE layer (`tokens`: a list per layer) over the logging
+    interval that ended at `step`: a router that sends most tokens to a few experts shows as a bright cell."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=PLOT_SIZE, dpi=PLOT_DPI)
+    image = ax.imshow(tokens, aspect="auto", interpolation="nearest", vmin=0)  # 0: a dark cell is an idle expert
+    ax.set_title(f"tokens per expert, logging interval to step {step}")
+    ax.set_xlabel("expert")
+    ax.set_ylabel("MoE layer")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(integer=True))
+    fig.colorbar(image, ax=ax, label="tokens routed (all ranks)")
     fig.savefig(path)
     plt.close(fig)

@@ -1,7 +1,12 @@
-"""Every run's report in $OUTPUT_DIR/report/: metrics.jsonl, summary.json, loss.png, throughput.png.
+"""Every run's report in $OUTPUT_DIR/report/: metrics.jsonl, summary.json, loss.png, throughput.png, and on a
+MoE model experts.png.
 
 metrics.jsonl holds one line per logged training step and, with VALIDATION, one `validation_loss` line per
-validation (the validator's mean over the whole validation set); loss.png draws both.
+validation (the validator's mean over the whole validation set); loss.png draws both. On a MoE model each step's
+line also holds the experts' load over the logging interval (`moe`, from moe/routing.py's watch: tokens per
+expert summed over the ranks, max/mean and router entropy per layer, the NKI experts' block padding, the router
+losses) and, when the interval is that step alone, its cross-entropy apart (`loss_ce`: torchtitan's loss holds
+the router losses); summary.json's `moe` is the last interval's worst layer, experts.png its tokens per expert.
 
 Written by the metrics rank (rank 0 without pipeline parallelism) through torchtitan's own metrics machinery:
 `ReportLogger` is one more logger backend in the MetricsProcessor's LoggerContainer, next to TensorBoard, so
@@ -16,6 +21,7 @@ early; `failed` on any other exception.
 
 import contextlib
 import json
+import math
 import os
 import signal
 import statistics
@@ -30,7 +36,7 @@ from torchtitan.tools.logging import logger
 from neuron_qwen3 import shapes
 from neuron_qwen3.quirks import devices
 from neuron_qwen3.report import flops
-from neuron_qwen3.report.plots import plot_loss, plot_throughput
+from neuron_qwen3.report.plots import plot_experts, plot_loss, plot_throughput
 
 FOLDER = "report"
 WARMUP_STEPS = 2  # steps left out of the steady state: the first builds the graphs (and compiles, COMPILE=1)
@@ -67,6 +73,41 @@ def record_of(metrics: dict, step: int, steps_since_last: int, world_size: int, 
     }
 
 
+def moe_record(load: dict) -> dict:
+    """The experts' load of one logging interval (RouterWatch.interval) as metrics.jsonl holds it; the NaN of a
+    layer that routed nothing is null (strict JSON)."""
+    return {"aux_loss": load["aux"], "z_loss": load["z"], "block_padding": load["padding"],
+            "layers": [{"tokens": layer["tokens"], "max_mean": _finite(layer["max_mean"]),
+                        "entropy": _finite(layer["entropy"])} for layer in load["layers"]]}
+
+
+def loss_ce(loss: float, load: dict, aux_coef: float, z_coef: float) -> float:
+    """The cross-entropy of a step whose logged loss is torchtitan's total and whose router losses are `load`'s:
+    the loss adds the micro-steps' mean of each, as `load` holds them."""
+    return loss - aux_coef * load["aux"] - z_coef * load["z"]
+
+
+def last_moe(records: list) -> dict | None:
+    """The last record with the experts' load; None on a dense model."""
+    return next((r for r in reversed(records) if "moe" in r), None)
+
+
+def moe_summary(records: list) -> dict | None:
+    """The last interval's worst-balanced layer (highest max/mean) and the router losses; None on a dense model."""
+    last = last_moe(records)
+    if last is None:
+        return None
+    moe = last["moe"]
+    worst = max(range(len(moe["layers"])), key=lambda i: moe["layers"][i]["max_mean"] or 0)  # null: none routed
+    layer = moe["layers"][worst]
+    return {"step": last["step"], "worst_layer": worst, "max_mean": layer["max_mean"], "entropy": layer["entropy"],
+            "block_padding": moe["block_padding"], "aux_loss": moe["aux_loss"], "z_loss": moe["z_loss"]}
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def duration(seconds: float) -> str:
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
@@ -82,10 +123,11 @@ def progress_line(record: dict) -> str:
 
 class ReportLogger(BaseLogger):
     """A torchtitan logger backend that appends each logged step to metrics.jsonl, and logs the progress line:
-    at the first logged step, then at most once per `progress_every` seconds (a long run's log is not flooded)."""
+    at the first logged step, then at most once per `progress_every` seconds (a long run's log is not flooded).
+    `router`: a MoE model's RouterWatch (moe/routing.py), whose `last` is the interval's load when `log` runs."""
 
     def __init__(self, folder: Path, world_size: int, log_freq: int, steps: int, progress_every: float = 60,
-                 clock=time.monotonic):
+                 clock=time.monotonic, router=None):
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "metrics.jsonl"
         self.path.write_text("")  # this launch's records only; a resumed run starts its own
@@ -94,6 +136,7 @@ class ReportLogger(BaseLogger):
         self.records = []
         self.progress_every, self.clock, self.progress_at = progress_every, clock, None
         self.validations = []  # metrics.jsonl's validation lines: step, time, validation_loss
+        self.router = router
 
     def _write(self, record: dict, kept: list) -> None:
         kept.append(record)
@@ -110,6 +153,11 @@ class ReportLogger(BaseLogger):
         since = step - self.last_step if self.last_step is not None else (1 if step == 1 else self.log_freq)
         record = record_of(metrics, step, max(1, since), self.world_size, self.log_freq)
         record["steps_total"] = self.steps
+        load = self.router.last if self.router is not None else None
+        if load is not None:
+            record["moe"] = moe_record(load)
+            if since == 1:  # else the load's losses are the interval's means, the loss the last step's alone
+                record["loss_ce"] = loss_ce(record["loss"], load, self.router.aux_coef, self.router.z_coef)
         self.last_step = step
         self._write(record, self.records)
         now = self.clock()
@@ -141,7 +189,8 @@ class RunReport:
                                  pp_schedule=config.parallelism.pipeline_parallel_schedule)
         if _rank() == rank:
             backend = ReportLogger(Path(config.dump_folder) / FOLDER, trainer.parallel_dims.world_size,
-                                   config.metrics.log_freq, config.training.steps, config.report.progress_every_s)
+                                   config.metrics.log_freq, config.training.steps, config.report.progress_every_s,
+                                   router=trainer.router_watch)
             if not isinstance(metrics.logger, LoggerContainer):
                 container = LoggerContainer()
                 container.add_logger(metrics.logger)
@@ -184,6 +233,10 @@ class RunReport:
         if records:
             plot_loss(records, self.folder / "loss.png", validation=self.backend.validations)
             plot_throughput(records, WARMUP_STEPS, self.folder / "throughput.png")
+        last = last_moe(records)
+        if last is not None:
+            tokens = [layer["tokens"] for layer in last["moe"]["layers"]]
+            plot_experts(tokens, last["step"], self.folder / "experts.png")
 
     def summary(self, records: list, end: str, detail: str | None) -> dict:
         trainer, config = self.trainer, self.trainer.config
@@ -195,6 +248,7 @@ class RunReport:
         step_s = median("step_time_s")
         warmup_s = sum(r["step_time_s"] for r in warmup)
         first_step_end = records[0]["time"] if records else None
+        moe = moe_summary(records)
         return {
             "variant": config.report.variant or None, "scale": config.report.scale or None,
             "config": config.report.config or None, "model": config.report.model or None,
@@ -227,6 +281,7 @@ class RunReport:
             "validation": validation_summary(self.backend.validations),
             "wall_s": now - self.launched,
             "versions": versions(),
+            **({"moe": moe} if moe else {}),  # a dense model: no key
         }
 
 
