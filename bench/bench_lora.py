@@ -38,7 +38,8 @@ def base_model(variant: str, folder: str) -> None:
     code = (
         "import importlib.util, sys, torch, transformers\n"
         "from entrypoint.variants import VARIANTS\n"
-        "from neuron_qwen3 import config_registry, preflight, shapes\n"
+        "from neuron_qwen3 import config_registry, shapes\n"
+        "from neuron_qwen3.prelaunch import preflight\n"
         "accelerated = torch.cuda.is_available() or importlib.util.find_spec('torch_neuronx') is not None\n"
         f"config = getattr(config_registry, VARIANTS[{variant!r}].configs['bench' if accelerated else 'bench_cpu'])()\n"
         "torch.manual_seed(0)\n"

@@ -6,24 +6,27 @@
     PYTHONPATH=recipes:. .venv/bin/python -m bench.bench_weights --sizes 0.6b --new-only --cold  # reads from disk
 
 Each size and rank count is one torchrun of this file's worker: a random Qwen3 (SIZES) built on meta, every layer and
-the root sharded with FSDP2 (fp32 parameters, as a trainer holds them), then, alternating in one run so load from
-other processes hits every row alike:
-- plain write: rank 0 writes the export's bytes to one file in 64 MiB blocks;
-- export: `neuron_qwen3.weights.export` (streamed, sharded.py: every rank writes its own rows), and the export
-  before issue 22 (`old_export`: every tensor gathered in fp32 to rank 0, converted and cast whole,
-  huggingface_hub's save_torch_state_dict), each timed from a barrier to a barrier;
-- plain read: rank 0 reads the export's files in 64 MiB reads; the page cache is warm, so reads measure memory
-  and parsing, not the disk, unless `--cold` drops the files from it before each plain read and each load (a
-  fine-tune reads INIT_FROM once, from the disk);
-- INIT_FROM load: `neuron_qwen3.hf_load.load` (every rank copies its own rows from the memory-mapped files), and
-  torchtitan 0.3.0's HF initial load (`torchtitan load`), as DCPCheckpointer.dcp_load(from_hf=True) does it on
-  every rank: to_hf of the sharded state dict, dcp.load with the adapter's HuggingFaceStorageReader, from_hf.
-Memory: each rank's resident set before an export and its peak during it (the kernel's high-water mark, reset
-first through /proc/self/clear_refs); the workers run with MALLOC_MMAP_THRESHOLD_=1 MiB, so glibc returns every
-freed tensor to the kernel and the resident set is what is live, not what malloc kept. The loaded weights are
-checked against the exported ones (a hash of each rank's shards). Medians of --repeats, and the range of the
-ratios of each repeat's pair (the disk's speed moves from one repeat to the next); GB/s = bytes of safetensors /
-seconds.
+the root sharded with FSDP2 (fp32 parameters, as a trainer holds them), exported once into the folder the reads
+read. Then --repeats times, each side timed from a barrier to a barrier:
+- writes: plain write (rank 0 writes as many bytes as the export's safetensors to a new file in 64 MiB blocks and
+  fsyncs it before closing); export (`neuron_qwen3.hf.weights.export` into a new folder, every rank writing its own
+  rows, then rank 0 fsyncs every file of the folder); unless --new-only, old export (the export before the streamed
+  one: the model gathered in fp32 to rank 0, huggingface_hub's save_torch_state_dict, fsynced likewise). Each
+  output is deleted after it is timed, outside the timing.
+- reads: plain read (rank 0 reads the folder's safetensors in 64 MiB reads); INIT_FROM load
+  (`neuron_qwen3.hf.load.load`: every rank copies its own rows from the memory-mapped files); torchtitan load
+  (torchtitan 0.3.0's DCPCheckpointer.dcp_load(from_hf=True) path). Each load starts from new random weights and
+  must end with each rank's shards hashing as exported.
+Order: even repeats run each group in the order listed, odd repeats in reverse, so in every pair (export or old
+export / plain write, each load / plain read) each side goes first in half the repeats.
+Cache: with --cold, before each plain read and each load, rank 0 runs `sync; echo 3 > /proc/sys/vm/drop_caches`
+(the whole page cache) if it can write that file, else fsyncs and posix_fadvise(DONTNEED)s each safetensors file;
+the output names the method. Without --cold the reads hit the page cache.
+Reported per run: each side's median seconds and GB/s (bytes of safetensors / seconds); per pair the median and the
+min-max of each repeat's own ratio (baseline seconds / side seconds: > 1 is faster than the plain side), against the
+goals export >= 0.8x, INIT_FROM load >= 0.9x (median); each rank's resident set before and peak extra during an
+export or load (VmHWM reset through /proc/self/clear_refs; MALLOC_MMAP_THRESHOLD_=1 MiB returns freed tensors to
+the kernel); with --cold the MB each rank read from the disk (/proc/self/io). Last, one table of every run.
 """
 
 import argparse
@@ -49,10 +52,19 @@ from torch.distributed.tensor import DTensor
 from torchtitan.components.checkpoint import ModelWrapper
 from torchtitan.models.qwen3 import model_registry
 
-from neuron_qwen3 import config_registry, hf_load, shapes, weights
+from neuron_qwen3 import config_registry, shapes
+from neuron_qwen3.hf import load, weights
 
 REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 CHUNK = 64 << 20
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+CACHE_METHODS = {"drop_caches": "`sync; echo 3 > /proc/sys/vm/drop_caches`, the whole page cache",
+                 "fadvise": "/proc/sys/vm/drop_caches not writable: each safetensors file fsynced and "
+                            "posix_fadvise(DONTNEED)",
+                 "warm": "warm, not dropped"}
+BASE = {"export": "plain write", "old export": "plain write", "INIT_FROM load": "plain read",
+        "torchtitan load": "plain read"}  # each side's plain baseline
+GOALS = {"export": 0.8, "INIT_FROM load": 0.9}  # the project's goals; the others are references
 SIZES = {  # name: (shape, what it is)
     "smoke": (shapes.SMOKE, "the smoke shape"),
     "0.6b": (shapes.FLAVORS["0.6B"], "Qwen3-0.6B"),
@@ -89,8 +101,28 @@ def export(trainer, target: str) -> None:
     weights.export(trainer)
 
 
+def fsync_files(folder: str) -> None:
+    """fsync every file of `folder` (an fsync writes back the file's dirty pages, whichever rank wrote them)."""
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def synced_export(trainer, target: str) -> None:
+    """The export, then rank 0 fsyncs every file of the folder: every rank has written its part once it returns."""
+    export(trainer, target)
+    if dist.get_rank() == 0:
+        fsync_files(target)
+
+
 def old_export(trainer, target: str, dtype) -> None:
-    """The export before issue 22 (weights.py at e2806db), weights only: kept here to measure against."""
+    """The export before the streamed one (weights.py at e2806db), weights only, then rank 0 fsyncs its files:
+    kept here to measure against."""
     from huggingface_hub import save_torch_state_dict
 
     keep = dist.get_rank() == 0
@@ -106,6 +138,7 @@ def old_export(trainer, target: str, dtype) -> None:
         os.makedirs(staging)
         save_torch_state_dict(tensors, staging, max_shard_size="5GB")
         os.rename(staging, target)
+        fsync_files(target)
     dist.barrier()
 
 
@@ -117,7 +150,7 @@ def own_storage(tensor):
 
 def own_load(trainer, folder: str) -> None:
     adapter = trainer.config.model_spec.state_dict_adapter(trainer.model_config, None)
-    assert hf_load.load(trainer.model_parts, adapter, folder)
+    assert load.load(trainer.model_parts, adapter, folder)
 
 
 def torchtitan_load(trainer, folder: str) -> None:
@@ -163,21 +196,42 @@ def measured(fn, *args) -> dict:
 
 
 def plain_write(target: str, size: int, block: bytes) -> None:
+    """Rank 0 writes `size` bytes to `target` in 64 MiB blocks and fsyncs it before closing."""
     if dist.get_rank() == 0:
-        with open(target, "wb") as f:
+        with open(target, "wb", buffering=0) as f:
             for offset in range(0, size, CHUNK):
-                f.write(block[: min(CHUNK, size - offset)])
+                data = block[: min(CHUNK, size - offset)]
+                assert f.write(data) == len(data)  # unbuffered: one write() call each
+            os.fsync(f.fileno())
 
 
-def evict(folder: str) -> None:
-    """Drop the folder's safetensors from the page cache (written back first: only clean pages can be dropped)."""
+def drop_caches_method() -> str:
+    """How this machine's page cache can be dropped, tried once: "drop_caches" (`sync; echo 3 >
+    /proc/sys/vm/drop_caches`: the whole page cache; root, with /proc/sys writable), else "fadvise"."""
+    try:
+        os.sync()
+        with open(DROP_CACHES, "w") as f:
+            f.write("3")
+        return "drop_caches"
+    except OSError:
+        return "fadvise"
+
+
+def drop_cache(folder: str, method: str) -> None:
+    """Rank 0 drops the folder's safetensors from the page cache: the whole cache through drop_caches, or each
+    file written back and posix_fadvise(DONTNEED) (only clean pages can be dropped). Mapped pages stay either way."""
     if dist.get_rank() == 0:
-        for name in os.listdir(folder):
-            if name.endswith(".safetensors"):
-                fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                os.close(fd)
+        if method == "drop_caches":
+            os.sync()
+            with open(DROP_CACHES, "w") as f:
+                f.write("3")
+        else:
+            for name in os.listdir(folder):
+                if name.endswith(".safetensors"):
+                    fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+                    os.fsync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    os.close(fd)
     dist.barrier()
 
 
@@ -190,6 +244,19 @@ def plain_read(folder: str, buffer: bytearray) -> None:
                         pass
 
 
+def remove(path: str) -> None:
+    if dist.get_rank() == 0:
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+
+
+def in_order(sides: list, repeat: int) -> list:
+    """Even repeats in the listed order, odd ones reversed: in every pair each side goes first in half the repeats."""
+    return sides if repeat % 2 == 0 else sides[::-1]
+
+
 def worker(args) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -199,69 +266,118 @@ def worker(args) -> None:
     parameters = sum(p.numel() for p in trainer.model_parts[0].parameters())
     before = shard_hashes(trainer, dtype)
     root = args.dir
-    source, new, old = (os.path.join(root, name) for name in ("source", "new", "old"))
+    source, new, old, plain = (os.path.join(root, name) for name in ("source", "new", "old", "plain.bin"))
     export(trainer, source)  # the folder the loads and plain reads read
     shards = [os.path.getsize(os.path.join(source, n)) for n in os.listdir(source) if n.endswith(".safetensors")]
     size, files, largest = sum(shards), len(shards), max(shards)
     buffer, block = bytearray(CHUNK), os.urandom(1 << 20) * (CHUNK >> 20)
-    rows = {"plain write": [], "export": [], "old export": [], "plain read": [], "INIT_FROM load": [],
-            "torchtitan load": []}
-    for _ in range(args.repeats):
-        rows["plain write"].append(measured(plain_write, os.path.join(root, "plain.bin"), size, block))
-        if rank == 0:
-            os.remove(os.path.join(root, "plain.bin"))
-        rows["export"].append(measured(export, trainer, new))
-        if not args.new_only:
-            rows["old export"].append(measured(old_export, trainer, old, dtype))
-            if rank == 0:
-                shutil.rmtree(old)
-        if args.cold:
-            evict(source)
-        rows["plain read"].append(measured(plain_read, source, buffer))
-        for name, load in (("INIT_FROM load", own_load), ("torchtitan load", torchtitan_load)):
-            with torch.no_grad():
-                trainer.model_parts[0].init_weights(buffer_device=None)  # new random weights: the load brings them
+    method = [drop_caches_method() if rank == 0 and args.cold else None]
+    dist.broadcast_object_list(method, src=0)
+    method = method[0]
+    writes = {"plain write": (plain_write, (plain, size, block), plain),
+              "export": (synced_export, (trainer, new), new)}
+    if not args.new_only:
+        writes["old export"] = (old_export, (trainer, old, dtype), old)
+    reads = {"plain read": (plain_read, (source, buffer)), "INIT_FROM load": (own_load, (trainer, source)),
+             "torchtitan load": (torchtitan_load, (trainer, source))}
+    rows = {name: [] for name in (*writes, *reads)}
+    for repeat in range(args.repeats):
+        for name in in_order(list(writes), repeat):
+            fn, fn_args, output = writes[name]
+            rows[name].append(measured(fn, *fn_args))
+            remove(output)  # each side writes a new file or folder
+        for name in in_order(list(reads), repeat):
+            fn, fn_args = reads[name]
+            if name != "plain read":
+                with torch.no_grad():
+                    trainer.model_parts[0].init_weights(buffer_device=None)  # new random weights: the load brings them
             if args.cold:
-                evict(source)
-            rows[name].append(measured(load, trainer, source))
-            assert shard_hashes(trainer, dtype) == before, f"{name}: the loaded weights are not the exported ones"
+                drop_cache(source, method)
+            rows[name].append(measured(fn, *fn_args))
+            if name != "plain read":
+                assert shard_hashes(trainer, dtype) == before, f"{name}: the loaded weights are not the exported ones"
     everyone = [None] * world
     dist.all_gather_object(everyone, rows)
     if rank == 0:
-        report(args, label, parameters, size, files, largest, world, everyone)
+        result = report(args, label, parameters, size, files, largest, world, everyone, method)
+        with open(os.path.join(root, "result.json"), "w") as f:
+            json.dump(result, f)
     dist.destroy_process_group()
 
 
-def report(args, label, parameters, size, files, largest, world, everyone) -> None:
-    median = {name: statistics.median(r["s"] for r in runs) for name, runs in everyone[0].items() if runs}
+def spread(ratios: list) -> dict:
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def ratio_rows(rows: dict) -> dict:
+    """Each side against its plain baseline: the median, min and max of each repeat's own ratio (the baseline's
+    seconds / the side's, so > 1 is faster than the baseline)."""
+    found = {}
+    for name, base in BASE.items():
+        if rows.get(name):
+            found[name] = spread([b["s"] / r["s"] for b, r in zip(rows[base], rows[name], strict=True)])
+    return found
+
+
+def verdict(name: str, ratio: dict) -> str:
+    goal = GOALS.get(name)
+    if goal is None:
+        return "reference"
+    return f">= {goal}x: {'met' if ratio['median'] >= goal else 'missed'}"
+
+
+def report(args, label, parameters, size, files, largest, world, everyone, method) -> dict:
+    rows = everyone[0]
+    median = {name: statistics.median(r["s"] for r in runs) for name, runs in rows.items() if runs}
+    cache = f"dropped before each read and load ({CACHE_METHODS[method]})" if args.cold else "warm"
     print(f"{args.size} ({label}): {parameters / 1e9:.3f} B parameters, {size / 1e6:.0f} MB of {args.dtype} "
           f"safetensors in {files} file(s) (largest {largest / 1e6:.0f} MB; limit {args.max_shard_mb} MB), "
-          f"{world} rank(s), page cache {'dropped before each read' if args.cold else 'warm'}")
-    base = {"export": "plain write", "old export": "plain write", "INIT_FROM load": "plain read",
-            "torchtitan load": "plain read"}
-    for name, seconds in median.items():
-        ratio = ""
-        if name in base:  # each repeat's pair too: the disk's speed moves from one repeat to the next
-            paired = sorted(b["s"] / r["s"] for b, r in zip(everyone[0][base[name]], everyone[0][name]))
-            ratio = (f"  {median[base[name]] / seconds:5.2f}x {base[name]} "
-                     f"(each repeat: {paired[0]:.2f}-{paired[-1]:.2f}x)")
-        print(f"  {name:<15} {seconds:7.3f} s {size / seconds / 1e9:7.3f} GB/s{ratio}")
+          f"{world} rank(s), {args.repeats} repeats, page cache {cache}")
+    ratios = ratio_rows(rows)
+    print(f"  {'side':<16} {'baseline':<12} {'side s':>8} {'base s':>8} {'side GB/s':>9}  "
+          f"{'ratio: median (range of repeats)':<34} goal")
+    for name, ratio in ratios.items():
+        base = BASE[name]
+        print(f"  {name:<16} {base:<12} {median[name]:8.3f} {median[base]:8.3f} {size / median[name] / 1e9:9.3f}  "
+              f"{ratio['median']:5.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f}x){'':<18} {verdict(name, ratio)}")
     for name in ("export", "old export", "INIT_FROM load", "torchtitan load"):
-        if not everyone[0][name]:
+        if not rows.get(name):
             continue
         ranks = []
-        for rank, rows in enumerate(everyone):
-            rss = max(r["rss"] for r in rows[name])
-            extra = max(r["peak"] - r["rss"] for r in rows[name])
+        for rank, each in enumerate(everyone):
+            rss = max(r["rss"] for r in each[name])
+            extra = max(r["peak"] - r["rss"] for r in each[name])
             ranks.append(f"rank {rank} {rss / 1e6:.0f} + {extra / 1e6:.0f} MB")
         print(f"  {name + ' memory':<22} resident before + peak extra during: {'; '.join(ranks)}")
     if args.cold:
-        for name in ("plain read", "INIT_FROM load", "torchtitan load"):
-            read = [max(r["disk"] for r in rows[name]) / 1e6 for rows in everyone]
+        for name in reads_of(rows):
+            read = [max(r["disk"] for r in each[name]) / 1e6 for each in everyone]
             print(f"  {name + ' disk':<22} MB read from the disk, per rank: {', '.join(f'{mb:.0f}' for mb in read)}")
-    peaks = {name: [max(r["peak"] - r["rss"] for r in rows[name]) for rows in everyone] for name in median}
-    print(json.dumps({"size": args.size, "ranks": world, "bytes": size, "files": files, "largest": largest,
-                      "median_s": median, "peak_extra_bytes": peaks}))
+    peaks = {name: [max(r["peak"] - r["rss"] for r in each[name]) for each in everyone] for name in median}
+    result = {"size": args.size, "label": label, "ranks": world, "bytes": size, "files": files, "largest": largest,
+              "repeats": args.repeats, "cache": method if args.cold else "warm", "median_s": median,
+              "seconds": {name: [r["s"] for r in runs] for name, runs in rows.items()}, "ratios": ratios,
+              "peak_extra_bytes": peaks}
+    print(json.dumps(result))
+    return result
+
+
+def reads_of(rows: dict) -> list:
+    return [name for name in ("plain read", "INIT_FROM load", "torchtitan load") if rows.get(name)]
+
+
+def summary(results: list) -> None:
+    """One table of every run: each side's median seconds, its baseline's, and the per-repeat ratios."""
+    print("\n| size | ranks | side / baseline | side median s | baseline median s | ratio median (range) | goal |")
+    print("|---|---|---|---|---|---|---|")
+    for result in results:
+        for name, ratio in result["ratios"].items():
+            base = BASE[name]
+            print(f"| {result['size']} | {result['ranks']} | {name} / {base} | {result['median_s'][name]:.3f} | "
+                  f"{result['median_s'][base]:.3f} | {ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f}x) "
+                  f"| {verdict(name, ratio)} |")
+    methods = sorted({result["cache"] for result in results})
+    print(f"page cache: {'; '.join(CACHE_METHODS[m] for m in methods)}")
 
 
 def main() -> None:
@@ -272,7 +388,8 @@ def main() -> None:
     cli.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     cli.add_argument("--max-shard-mb", type=int, default=5000, help="--export.max_shard_mb (default 5000: 5GB)")
     cli.add_argument("--new-only", action="store_true", help="leave out the old export (it holds the model twice)")
-    cli.add_argument("--cold", action="store_true", help="read and load from the disk, not the page cache")
+    cli.add_argument("--cold", action="store_true", help="drop the page cache before each read and load (drop_caches "
+                     "where writable, else posix_fadvise of the files)")
     cli.add_argument("--dir", default=None, help="where the safetensors go (default: a temporary folder)")
     cli.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     cli.add_argument("--size", help=argparse.SUPPRESS)
@@ -283,6 +400,7 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (os.path.join(REPO, "recipes"), REPO,
                                                                       os.environ.get("PYTHONPATH")))),
            "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}  # freed tensors go back to the kernel: RSS is what is live
+    results = []
     for size in args.sizes:
         for nproc in args.nproc:
             with tempfile.TemporaryDirectory(dir=args.dir) as root:
@@ -294,6 +412,9 @@ def main() -> None:
                                 str(args.max_shard_mb), *(["--new-only"] if args.new_only else []),
                                 *(["--cold"] if args.cold else [])],
                                env=env, cwd=REPO, check=True)
+                with open(os.path.join(root, "result.json")) as f:
+                    results.append(json.load(f))
+    summary(results)
 
 
 if __name__ == "__main__":
