@@ -6,6 +6,7 @@ are parsed once, to their final types; bad input is one line naming the variable
 
 import difflib
 import ipaddress
+import math
 import re
 import shlex
 import typing
@@ -68,13 +69,13 @@ DECIMAL = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?"  # no sign, nan, inf, `_` or hex: 
 
 
 def decimal(allowed, low, high, from_low=False):
-    """A number above `low` (from `low` with `from_low`), at most `high`."""
+    """A finite number above `low` (from `low` with `from_low`), at most `high` (1e999 is not: it reads as inf)."""
     @accepting(allowed)
     def parse(raw) -> float:
-        if not re.fullmatch(DECIMAL, raw) or not (low <= float(raw) if from_low else low < float(raw)) \
-                or not float(raw) <= high:
+        value = float(raw) if re.fullmatch(DECIMAL, raw) else math.nan
+        if not math.isfinite(value) or not (low <= value if from_low else low < value) or not value <= high:
             raise ValueError
-        return float(raw)
+        return value
 
     return parse
 

@@ -7,7 +7,13 @@
 - the order: a seeded permutation per epoch, the same for every build, different from epoch to epoch, ranks
   disjoint and together the whole data;
 - resume: a loader restored from a checkpointed state yields the very windows the first one went on to yield,
-  across the end of an epoch.
+  across the end of an epoch;
+- `real`, the tokens that are not padding (what the MoE router losses count): a conversation that does not fit
+  and the epoch's flush leave a pad tail marked False and nothing else; over random pushes, several windows
+  buffered at once, the pad is always a window's suffix, a document of its own, and the marks add up to the
+  padding count; the marks survive a pickled state_dict/load_state_dict with a pad run still in the buffer (a
+  checkpoint from before the marks still loads) and a loader's resume; blank windows (EPOCHS done) are all False;
+  the validation Shares hand torchtitan's Validator windows without them.
 Run: .venv/bin/python -m pytest tests/test_data_packing.py -q
 """
 
@@ -171,3 +177,157 @@ def test_text_fills_every_window(tmp_path):
         assert (labels != -100).all()
         assert inputs["positions"][0, 0] == 0
     assert loader(write(tmp_path, rows, "text.jsonl"), field="text", seq_len=32).stats()["kind"] == "text"
+
+
+# ---- `real`: the tokens that are not padding (what the MoE routers' losses count, moe/routing.py) ---------------
+
+PAD = 0  # the packer's pad id in the tests below; the documents' ids start at 1
+
+
+def doc(n, start=1):
+    """A document of n positions (n + 1 ids), every label counting: a pad is told apart by its IGNORE_INDEX."""
+    from neuron_qwen3.data.tokens import Document
+
+    ids = list(range(start, start + n + 1))
+    return Document(ids, ids[1:])
+
+
+def marks(window):
+    inputs, labels = window
+    return inputs["real"].tolist()
+
+
+def assert_pad_is_the_suffix(window, seq_len):
+    """`real` is True up to the window's pad tail and False over it, exactly where the pad tokens are; the tail is
+    a document of its own (its positions restart at 0)."""
+    inputs, labels = window
+    real = inputs["real"]
+    assert real.dtype == torch.bool and real.shape == (seq_len,)
+    kept = int(real.sum())
+    assert real.tolist() == [True] * kept + [False] * (seq_len - kept)  # no pad before a real token
+    pad = (labels == -100) & (inputs["input"] == PAD)
+    assert torch.equal(~real, pad)
+    if kept < seq_len:
+        assert inputs["positions"][kept:].tolist() == list(range(seq_len - kept))
+    return seq_len - kept
+
+
+def test_a_conversation_that_does_not_fit_leaves_a_pad_tail_marked_false_and_so_does_the_epochs_flush():
+    from neuron_qwen3.data.packing import Packer
+
+    packer = Packer(8, PAD, whole=True)
+    packer.push(doc(5))
+    assert packer.pop() is None
+    packer.push(doc(4, start=100))  # 5 + 4 > 8: the window is padded, the conversation goes to the next one
+    first = packer.pop()
+    assert marks(first) == [True] * 5 + [False] * 3
+    assert first[1][5:].tolist() == [-100] * 3 and first[0]["input"][5:].tolist() == [PAD] * 3
+    assert packer.pop() is None
+    last = packer.flush()  # the epoch's end: what is left, padded
+    assert marks(last) == [True] * 4 + [False] * 4 and last[0]["input"][:4].tolist() == [100, 101, 102, 103]
+    assert packer.flush() is None and packer.padding == 7
+    text = Packer(8, PAD, whole=False)  # text flows on: only the epoch's last window has a pad tail
+    text.push(doc(5)), text.push(doc(4, start=100))
+    assert marks(text.pop()) == [True] * 8 and marks(text.flush()) == [True] + [False] * 7
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_the_pad_is_always_a_windows_suffix_and_counts_the_padding(whole):
+    """Random documents, pushed several at a time before the windows are taken (so the buffer holds more than one
+    window and its pad runs shift as windows leave it), then flushed: every window's pad is its tail, marked
+    False, and the marks add up to the packer's padding count."""
+    import random
+
+    from neuron_qwen3.data.packing import Packer
+
+    seq_len, draw = 16, random.Random(0)
+    packer, padded, windows = Packer(seq_len, PAD, whole), 0, 0
+    for _ in range(200):
+        for _ in range(draw.randint(1, 3)):
+            packer.push(doc(draw.randint(1, seq_len if whole else 3 * seq_len)))  # a whole document fits a window
+        while (window := packer.pop()) is not None:
+            padded, windows = padded + assert_pad_is_the_suffix(window, seq_len), windows + 1
+        if draw.random() < 0.1 and (window := packer.flush()) is not None:
+            padded, windows = padded + assert_pad_is_the_suffix(window, seq_len), windows + 1
+    if (window := packer.flush()) is not None:
+        padded += assert_pad_is_the_suffix(window, seq_len)
+    assert padded == packer.padding > 0 and windows > 100 and packer.pad_from == []
+
+
+def test_the_marks_survive_state_dict_and_load_state_dict_mid_buffer():
+    """A buffer holding a full window and, after it, a pad run not yet taken: its state (pickled, as torchtitan
+    keeps each rank's loader state) restores the very windows, marks included."""
+    import pickle
+
+    from neuron_qwen3.data.packing import Packer
+
+    packer = Packer(8, PAD, whole=True)
+    for n in (8, 3, 6):  # [8] [3 + 5 pad] [6]: the pad run is in the buffer's second window
+        packer.push(doc(n))
+    assert packer.pad_from == [(11, 16)]
+    state = pickle.loads(pickle.dumps(packer.state_dict()))
+    again = Packer(8, PAD, whole=True)
+    again.load_state_dict(state)
+    for windows in ([packer.pop(), packer.pop(), packer.flush()], [again.pop(), again.pop(), again.flush()]):
+        assert [marks(w) for w in windows] == [[True] * 8, [True] * 3 + [False] * 5, [True] * 6 + [False] * 2]
+    assert (packer.pop(), again.pop(), packer.padding, again.padding) == (None, None, 7, 7)
+    before = {key: value for key, value in state.items() if key != "pad_from"}  # a checkpoint from before the marks
+    old = Packer(8, PAD, whole=True)
+    old.load_state_dict(before)  # loads; the pad already in its buffer is not marked, the next pads are
+    assert marks(old.pop()) == [True] * 8 and marks(old.pop()) == [True] * 8 and marks(old.flush())[6:] == [False] * 2
+
+
+def test_the_loaders_windows_mark_their_padding_and_resume_with_the_same_marks(tmp_path):
+    rows = [conversation(i, turns=1 + i % 4) for i in range(9)]
+    path = write(tmp_path, rows)
+    data = loader(path, infinite=False)
+    padding = 0
+    for inputs, labels in data:
+        real = inputs["real"][0]
+        assert inputs["real"].shape == labels.shape and real.dtype == torch.bool
+        kept = int(real.sum())
+        assert real.tolist() == [True] * kept + [False] * (SEQ - kept)  # the pad is the window's tail
+        assert (labels[0, kept:] == -100).all()  # padding never counts in the loss either
+        padding += SEQ - kept
+    assert padding == data.stats()["tokens_padding"] > 0
+    first = loader(path, batch=2)
+    batches = iter(first)
+    for _ in range(2):
+        next(batches)
+    state = first.state_dict()
+    following = [next(batches) for _ in range(6)]  # past the end of the first epoch
+    second = loader(path, batch=2)
+    second.load_state_dict(state)
+    for (inputs, _), (again, _) in zip(following, iter(second)):
+        assert torch.equal(inputs["real"], again["real"]) and torch.equal(inputs["input"], again["input"])
+
+
+def test_blank_windows_are_all_padding(tmp_path):
+    from neuron_qwen3.data.dataset import blank
+
+    inputs, labels = blank(16, 7)
+    assert inputs["real"].dtype == torch.bool and inputs["real"].shape == (16,) and not inputs["real"].any()
+    assert (labels == -100).all() and (inputs["input"] == 7).all()
+    rows = [{"text": f"document number {i}"} for i in range(4)]  # EPOCHS=1: the epoch's windows, then blanks
+    windows = iter(loader(write(tmp_path, rows, "text.jsonl"), field="text", seq_len=32, epochs=1))
+    real = [inputs["real"][0] for inputs, _ in (next(windows) for _ in range(8))]
+    read = next(i for i, marks in enumerate(real) if not marks.any())  # the epoch's windows
+    assert 0 < read <= 4 and all(marks.any() for marks in real[:read]) and not real[read - 1].all()  # flushed
+    assert not any(marks.any() for marks in real[read:])
+
+
+def test_the_validation_shares_pass_no_marks(tmp_path):
+    """torchtitan's Validator passes every input but the tokens to the model: the Shares strip `real`, from the
+    windows and from the blank ones that even out the ranks."""
+    rows = [conversation(i, turns=1 + i % 3) for i in range(6)]
+    path = write(tmp_path, rows)
+    total = sum(1 for _ in loader(path, split="validation", validation=str(path)))
+    assert total >= 1
+    mine = list(loader(path, split="validation", validation=str(path), rank=0, world=total + 1))
+    blanks = list(loader(path, split="validation", validation=str(path), rank=total, world=total + 1, batch=2))
+    assert len(mine) == 1 and len(blanks) == 1  # rank `total` has no window of its own: one batch of 2 blanks
+    assert (blanks[0][1] == -100).all() and blanks[0][1].shape == (2, SEQ)
+    for inputs, _ in mine + blanks:
+        assert sorted(inputs) == ["input", "positions"]
+    training, _ = next(iter(loader(path)))
+    assert sorted(training) == ["input", "positions", "real"]  # the training loader keeps them

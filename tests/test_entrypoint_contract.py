@@ -76,7 +76,10 @@ BAD = [("VARIANT", "foo"), ("VARIANT", ""), ("SCALE", "huge"), ("COMPILE", "mayb
        ("VALIDATION", "0.0"), ("VALIDATION", "1.5"), ("VALIDATION", "5"), ("VALIDATION", "-0.1"),
        ("VALIDATION", "--training.steps=9"), ("VALIDATION", "a\nb"), ("VALIDATION_INTERVAL", "0"),
        ("VALIDATION_INTERVAL", "2.5"), ("EPOCHS", "0"), ("EPOCHS", "-1"), ("EPOCHS", "1.5"), ("EPOCHS", "three"),
-       ("EPOCHS", " 2")]
+       ("EPOCHS", " 2"), ("MOE_AUX_LOSS", "-1"), ("MOE_AUX_LOSS", "-0"), ("MOE_AUX_LOSS", "nan"),
+       ("MOE_AUX_LOSS", "inf"), ("MOE_AUX_LOSS", "0x1"), ("MOE_AUX_LOSS", ""), ("MOE_Z_LOSS", "-0.001"),
+       ("MOE_Z_LOSS", "1e-3 "), ("MOE_Z_LOSS", "off"), ("MOE_ROUTER", "thaw"), ("MOE_ROUTER", "Freeze"),
+       ("MOE_ROUTER", ""), ("MOE_AUX_LOSS", "1e999"), ("MOE_Z_LOSS", "1e999"), ("LORA_ALPHA", "1e999")]
 # Variables whose value is free text (paths, ids, tokens, shell words): passed as one argv word, never to a shell.
 FREE_TEXT = {"EXTRA_ARGS", "INIT_FROM", "EXPORT_DIR", "DATASET", "WANDB_MODE", "WANDB_API_KEY", "ASSETS_DIR",
              "OUTPUT_DIR", "CACHE_DIR", "CHECKPOINT_DIR", "CUDA_VISIBLE_DEVICES", "HF_TOKEN", "NEURON_CC_FLAGS",

@@ -9,7 +9,10 @@ shard cut short, as a save cut off by a full disk leaves it): the restart moves 
 stop's. On CPU with a fixed seed the resumed run is bitwise the same: the printed losses match as strings, and the
 final checkpoints (model, optimizer, schedule, data-loader position) hold identical tensors. The LoRA case trains
 adapters over a base saved by transformers: its checkpoints hold the adapters (and their optimizer state) only,
-and the restart loads the base from INIT_FROM again. Real torchrun runs on CPU (gloo); about 10-20 s each.
+and the restart loads the base from INIT_FROM again. The nki_moe case trains with both router losses on
+(MOE_AUX_LOSS=0.01, MOE_Z_LOSS=0.001: moe/routing.py's hooks in every forward, their gradients through the adapters
+below each router), in all three of its runs, so its bitwise resume covers them. Real torchrun runs on CPU (gloo);
+about 10-20 s each.
 Run: .venv/bin/python -m pytest tests/test_save_on_stop.py -q -s   (-s prints the stop-to-exit figures)
 """
 
@@ -46,6 +49,9 @@ STOP_GRACE = int({var.name: var.default for var in contract.VARS}["STOP_GRACE"])
 CASES = [("native", 2, False), ("nki_moe", 2, True)]
 LORA = {"native": {"LORA_RANK": "4"},
         "nki_moe": {"LORA_RANK": "4", "LORA_TARGETS": "q_proj,v_proj,experts.gate_up_proj,experts.down_proj"}}
+# The MoE router losses, on in every run of the variant's case (baseline, stopped, resumed): part of each step's
+# loss and gradients, so the resume is bitwise with them too. Not Qwen3-MoE's 0.001 default: set, and larger.
+ROUTER_LOSSES = {"nki_moe": {"MOE_AUX_LOSS": "0.01", "MOE_Z_LOSS": "0.001"}}
 
 
 def losses(output: str) -> dict[int, str]:
@@ -84,7 +90,7 @@ def env_for(tmp, name, variant, nproc, lora=False):
     return worker_env(VARIANT=variant, SCALE="smoke", NPROC=str(nproc), STEPS=str(STEPS),
                       CHECKPOINT_INTERVAL=str(INTERVAL), OUTPUT_DIR=f"{tmp}/{case}/out",
                       CHECKPOINT_DIR=f"{tmp}/{case}/checkpoint", CACHE_DIR=f"{tmp}/cache",
-                      PREFLIGHT="warn", **extra)
+                      PREFLIGHT="warn", **extra, **ROUTER_LOSSES.get(variant, {}))
 
 
 class Run(NamedTuple):
@@ -229,6 +235,11 @@ def test_the_resumed_run_ends_bitwise_where_the_uninterrupted_one_does(tmp, vari
     assert same(baseline, resumed) == []
     weights = [key for key, value in resumed.items() if isinstance(value, torch.Tensor)]
     assert all(key.endswith((".lora_A", ".lora_B")) for key in weights) == lora  # LoRA: no base weight saved
+    if variant in ROUTER_LOSSES:  # the baseline and the restart (its report) trained with the router losses
+        for name in ("baseline", "stopped"):
+            with open(f"{env_for(tmp, name, variant, nproc, lora)['OUTPUT_DIR']}/report/config.json") as f:
+                moe = json.load(f)["moe"]
+            assert (moe["aux_loss"], moe["z_loss"]) == (0.01, 0.001), moe
 
 
 def test_the_article_command_typed_by_hand_saves_on_sigterm_too(tmp):
