@@ -277,7 +277,7 @@ def test_the_marks_survive_state_dict_and_load_state_dict_mid_buffer():
     assert marks(old.pop()) == [True] * 8 and marks(old.pop()) == [True] * 8 and marks(old.flush())[6:] == [False] * 2
 
 
-def test_the_loaders_windows_mark_their_padding_and_resume_with_the_same_marks(tmp_path):
+def test_the_loaders_windows_mark_their_padding(tmp_path):
     rows = [conversation(i, turns=1 + i % 4) for i in range(9)]
     path = write(tmp_path, rows)
     data = loader(path, infinite=False)
