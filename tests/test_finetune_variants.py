@@ -3,7 +3,8 @@
 tests/test_finetune.py proves `native` on one process. Here, every shape comes from the recipes' own configs
 (config_registry), never from this file:
 - same function, in process: each variant's model, loaded through its state-dict adapter from a random model
-  transformers made and saved, gives transformers' logits (nki_moe: transformers' experts in bf16 too);
+  transformers made and saved, gives transformers' logits (nki_moe: transformers' experts in bf16 too, and the
+  training loss with the default router aux loss is transformers' loss with output_router_logits=True);
 - two real launcher runs on CPU, shared by the tests below (chat SFT through the launcher is
   tests/test_finetune_chat.py's):
     moe:  VARIANT=nki_moe, INIT_FROM a Qwen3MoeForCausalLM, learning rate 0, 2 steps, NPROC=2, float32 export
@@ -108,12 +109,22 @@ def bf16_experts(self, hidden, top_k_index, top_k_weights):
 
 
 def test_nki_moe_is_the_function_transformers_computes(tmp_path):
+    """The logits, and the training loss: with INIT_FROM the router's load-balancing loss is on by default (its
+    config.json's router_aux_loss_coef, transformers' 0.001), so the project's total (torchtitan's cross entropy
+    plus the router watch's aux term, moe/routing.py) is transformers' `loss` with output_router_logits=True, and
+    the watch's aux is transformers' aux_loss. The trainer's own step against transformers, packed batches and
+    padding, 1 and 2 ranks, the gradients: tests/test_moe_routing.py."""
     from torchtitan.config.override import apply_overrides
 
+    from neuron_qwen3.finish import configure_router
+    from neuron_qwen3.moe import routing
     from neuron_qwen3.moe.experts import NKIGroupedExperts
 
     reference = save_moe(tmp_path)
     config = moe_config()
+    config.checkpoint.initial_load_path = str(tmp_path)  # INIT_FROM: the coefficient is its config.json's
+    configure_router(config)
+    assert config.moe.aux_loss == reference.config.router_aux_loss_coef == routing.QWEN3_MOE_AUX
     model_config = config.model_spec.model
     model_config.update_from_config(config=config)
     apply_overrides(config.override, config)  # the NKI experts, as the trainer swaps them in
@@ -122,13 +133,22 @@ def test_nki_moe_is_the_function_transformers_computes(tmp_path):
     adapter = config.model_spec.state_dict_adapter(model_config, None)
     model.load_state_dict(adapter.from_hf(tensors(tmp_path)), strict=True)
     positions = torch.arange(tokens().shape[1]).expand_as(tokens())
+    labels = torch.cat([tokens()[:, 1:], torch.full((tokens().shape[0], 1), -100)], dim=1)  # the next token
+    watch = routing.RouterWatch(model, config.moe.aux_loss, config.moe.z_loss, accumulation=1)
+    cross_entropy = config.loss.loss_fn.build()  # the trainer's, per chunk: summed, over the tokens that count
     for module in reference.modules():
         if type(module).__name__ == "Qwen3MoeExperts":
             module.forward = types.MethodType(bf16_experts, module)
     with torch.no_grad():
+        watch.start(None)  # no padding: every token counts
         ours = model(tokens(), attention_masks=model.get_attention_masks(positions), positions=positions)
-        theirs = reference(tokens()).logits
-    assert rel_err(ours, theirs) <= MOE_BOUND
+        loss = cross_entropy(ours, labels, (labels != -100).sum())[0] + watch.loss()
+        theirs = reference(tokens(), labels=tokens(), output_router_logits=True)
+    assert rel_err(ours, theirs.logits) <= MOE_BOUND
+    assert rel_err(loss, theirs.loss) <= MOE_BOUND  # cross entropy + router_aux_loss_coef * aux_loss
+    # the aux term (0.001 x ~2) is below that bound: the loss is closer than a tenth of it (measured 3e-6 apart)
+    assert abs(loss - theirs.loss) < config.moe.aux_loss * theirs.aux_loss / 10
+    assert rel_err(watch.interval()["aux"], theirs.aux_loss) <= MOE_BOUND  # measured equal
 
 
 def test_v5_is_the_function_transformers_computes(tmp_path):
