@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from entrypoint import rendezvous
 from entrypoint.contract import VARS, Settings, UsageError
 from entrypoint.discovery import Devices
-from entrypoint.variants import VARIANTS
+from entrypoint.variants import RECIPE_MODULE, VARIANTS
 
 COMPILE_BACKEND = {"neuron": "neuron", "cuda": "inductor", "cpu": "inductor"}
 UNIT = {"neuron": "logical NeuronCores", "cuda": "GPUs", "cpu": "CPU cores"}
@@ -23,6 +23,7 @@ OWNED_FLAGS = {"module": "MODULE", "config": "CONFIG (or VARIANT and SCALE)", "d
                "neuron.logical_nc_config": "NEURON_LOGICAL_NC_CONFIG", "comm.train_timeout_seconds": "PEER_TIMEOUT"}
 # Variables whose flags depend on other settings: built by the functions below, not passed as they are.
 BUILT = ("CHECKPOINT_INTERVAL", "CHECKPOINT_KEEP", "ASSETS_DIR", "OUTPUT_DIR", "CONFIG", "MODULE", "WANDB_MODE")
+TOKEN_CACHE = "tokens"  # CACHE_DIR/tokens: the data's token cache, shared by every variant (no compiled graphs)
 PATHS = ("EXPORT_DIR", "DATASET", "VALIDATION")  # made absolute (data when a local path): workers start elsewhere
 
 
@@ -144,6 +145,9 @@ def torchtitan_args(settings: Settings, devices: Devices, model: str | None, ass
                     cli_args=()) -> list:
     """Paths go as `--flag=/absolute/path`: a path that starts with `-` would otherwise be read as a flag."""
     args = [f"--device={devices.kind}"]
+    # The user's data through the recipes' DataLoader: its token cache (`--dataloader.cache_dir=` turns it off)
+    if settings.module == RECIPE_MODULE and (settings.dataset or settings.validation):
+        args.append(f"--dataloader.cache_dir={os.path.join(os.path.abspath(settings.cache_dir), TOKEN_CACHE)}")
     if settings.compile:
         args += ["--compile.enable", f"--compile.backend={COMPILE_BACKEND[devices.kind]}"]
     if assets:

@@ -5,6 +5,7 @@ conversations.py a record as text or as OpenAI-style messages (OpenAI, ShareGPT,
 tokens.py       how a record becomes tokens: the chat template's one rendering and the loss mask read from it
 packing.py      documents into seq_len windows, positions restarting per document; conversations cut to fit
 dataset.py      one rank's stateful stream of windows, and the counts of what it read; the validation shares
+cache.py        the token cache: a local table tokenized once, in parallel, read by every rank of every run
 loader.py       `DataLoader`, the torchtitan dataloader, and its Config (training or validation records)
 epochs.py       EPOCHS: the steps N passes take, counted from the packed data
 scan.py         `scan`: a whole local file checked before launch; `render_first`: its first record rendered

@@ -14,19 +14,37 @@ from neuron_qwen3.data import conversations
 from neuron_qwen3.data.conversations import Problem
 from neuron_qwen3.data.packing import Packer, fit
 from neuron_qwen3.data.records import DataError
-from neuron_qwen3.data.tokens import Encoder
+from neuron_qwen3.data.tokens import Document, Encoder
 
 COUNTS = ("records", "turns", "tokens_trained", "tokens_masked", "truncated", "split", "tokens_cut")
 LOGGED_CUTS = 3  # conversations cut that are named in the log; every one is counted
 
 
+def kind_of(record: dict, field: str, origin: str) -> str:
+    """'text' or 'chat', from a source's first record (found at `origin`)."""
+    try:
+        return conversations.kind(record, field)
+    except Problem as problem:
+        raise DataError(f"{origin}: {problem}") from None
+
+
+def tokenize(record: dict, kind: str, field: str, encoder: Encoder) -> Document:
+    """The record's document: what the token cache keeps (data/cache.py), as it does not depend on seq_len."""
+    if kind == "text":
+        return encoder.text(conversations.text(record, field))
+    return encoder.chat(*conversations.conversation(record, field))
+
+
+def pieces(doc: Document, kind: str, seq_len: int) -> tuple[list, str | None]:
+    """The window-sized documents a record's document becomes and how it was cut: text flows from window to
+    window as it is, a conversation is fit to one."""
+    return ([doc], None) if kind == "text" else fit(doc, seq_len)
+
+
 def documents(record: dict, kind: str, field: str, encoder: Encoder, seq_len: int):
     """(the record's document, the window-sized documents it becomes, how it was cut or None); Problem if bad."""
-    if kind == "text":
-        doc = encoder.text(conversations.text(record, field))
-        return doc, [doc], None
-    doc = encoder.chat(*conversations.conversation(record, field))
-    return doc, *fit(doc, seq_len)
+    doc = tokenize(record, kind, field, encoder)
+    return doc, *pieces(doc, kind, seq_len)
 
 
 def blank(seq_len: int, pad_id: int):
@@ -55,9 +73,12 @@ def count(counts: dict, doc, docs: list, cut: str | None) -> None:
 
 
 class PackedDataset(IterableDataset, Stateful):
+    """`tokens`: the token cache (data/cache.py) the reader's indices are read from; None: each record is read
+    and tokenized here."""
+
     def __init__(self, reader, kind: str, field: str, encoder: Encoder, seq_len: int, pad_id: int,
-                 infinite: bool, epochs: int = 0):
-        self.reader, self.kind, self.field, self.encoder = reader, kind, field, encoder
+                 infinite: bool, epochs: int = 0, tokens=None):
+        self.reader, self.kind, self.field, self.encoder, self.tokens = reader, kind, field, encoder, tokens
         self.seq_len, self.pad_id, self.infinite, self.epochs = seq_len, pad_id, infinite, epochs
         self.packer = Packer(seq_len, pad_id, whole=kind == "chat")
         self.counts = dict.fromkeys(COUNTS, 0)
@@ -85,11 +106,12 @@ class PackedDataset(IterableDataset, Stateful):
                 return
             self.reader.next_epoch()
 
-    def _documents(self, i: int, record: dict) -> list:
+    def _documents(self, i: int, record: dict | None) -> list:
         try:
-            doc, docs, cut = documents(record, self.kind, self.field, self.encoder, self.seq_len)
+            doc = self.tokens.document(i) if self.tokens else tokenize(record, self.kind, self.field, self.encoder)
         except Problem as problem:
             raise DataError(f"{self.reader.origin(i)}: {problem}") from None
+        docs, cut = pieces(doc, self.kind, self.seq_len)
         count(self.counts, doc, docs, cut)
         if cut and self.counts["truncated"] + self.counts["split"] <= LOGGED_CUTS:
             how = "truncated at a turn boundary" if cut == "truncated" else "split (no turn boundary fits)"
@@ -136,3 +158,6 @@ class Shares(IterableDataset):
         share = -(-total // self.world)
         for _ in range(-(-share // self.batch) * self.batch - mine):
             yield without_real(blank(self.packed.seq_len, self.packed.pad_id))
+
+    def stats(self) -> dict:
+        return self.packed.stats()

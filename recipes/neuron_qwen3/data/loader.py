@@ -2,9 +2,11 @@
 
 The source is resolved once, when the trainer builds the dataloader: c4 and Hub datasets of text are streamed;
 local files, and Hub datasets of conversations (downloaded), are tables read in a seeded order per epoch.
-Whether the data is text or conversations is read from its first record. Each rank yields what torchtitan's
-trainer expects: ({"input": ids, "positions": per-document positions}, labels with IGNORE_INDEX where a token
-does not count), packed by packing.py, and resumes from a checkpoint on the very next window.
+Whether the data is text or conversations is read from its first record. With `cache_dir`, a local table is
+tokenized once into the token cache (cache.py), and every rank reads its documents from there. Each rank yields
+what torchtitan's trainer expects: ({"input": ids, "positions": per-document positions}, labels with
+IGNORE_INDEX where a token does not count), packed by packing.py, and resumes from a checkpoint on the very next
+window.
 """
 
 import os
@@ -15,36 +17,45 @@ import numpy as np
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.tools.logging import logger
 
-from neuron_qwen3.data import records
-from neuron_qwen3.data.conversations import Problem, kind
-from neuron_qwen3.data.dataset import PackedDataset, Shares
+from neuron_qwen3.data import cache, records
+from neuron_qwen3.data.dataset import PackedDataset, Shares, kind_of
 from neuron_qwen3.data.records import DataError
 from neuron_qwen3.data.tokens import TRAIN_ON, Encoder
 
+TABLES = (records.Table, cache.Tokens)  # read by index, in a seeded order
 
-def open_source(source: str, field: str) -> tuple:
-    """(a Table or a stream of records, "text" or "chat") of a source: c4 and Hub datasets of text are streamed."""
+
+def open_source(source: str, config, folder: str) -> tuple:
+    """(a Table, the token cache standing in for one, or a stream of records; "text" or "chat") of a source: c4
+    and Hub datasets of text are streamed; a local table is read through the token cache under
+    `config.cache_dir` when one is set (data/cache.py: tokenized once, with the tokenizer of `folder`)."""
     if source == "c4":
         return records.hub_stream(source), "text"
     if records.is_local(source):
         if not os.path.exists(source):
             raise DataError(f"{source}: does not exist")
+        if config.cache_dir:
+            tokens = cache.prepare(config.cache_dir, source, config.field, config.train_on, folder)
+            logger.info(f"data: token cache {tokens.folder}: " + (
+                "found" if tokens.hit else f"built in {tokens.seconds:.1f} s on {len(tokens.writers)} process"
+                + "es" * (len(tokens.writers) > 1)))
+            return tokens, tokens.kind
         table = records.local_table(source)
     else:
         stream = records.hub_stream(source)
         first = next(iter(stream), None)
         if first is None:
             raise DataError(f"{source}: the Hub dataset's train split is empty")
-        if _kind(first, field, f"{source} row 1") == "text":
+        if kind_of(first, config.field, f"{source} row 1") == "text":
             return stream, "text"
         table = records.hub_table(source)
-    return table, _kind(table.record(0), field, table.origin(0))
+    return table, kind_of(table.record(0), config.field, table.origin(0))
 
 
-def training_records(config) -> tuple:
+def training_records(config, folder: str) -> tuple:
     """(table, the indices trained on, kind) of a table source: all but those a VALIDATION fraction holds out."""
-    table, found = open_source(config.source, config.field)
-    if not isinstance(table, records.Table):
+    table, found = open_source(config.source, config, folder)
+    if not isinstance(table, TABLES):
         raise DataError(f"{config.source}: streamed, so EPOCHS and a VALIDATION fraction cannot apply: give a "
                         "local dataset")
     share = records.fraction(config.validation)
@@ -52,38 +63,36 @@ def training_records(config) -> tuple:
     return table, indices, found
 
 
-def validation_records(config) -> tuple:
+def validation_records(config, folder: str) -> tuple:
     """(table, the indices validated on, kind): a VALIDATION fraction's held-out records, or a file's."""
     share = records.fraction(config.validation)
     if share is None:
         if not os.path.exists(config.validation):
             raise DataError(f"VALIDATION={config.validation!r}: no such file or folder (nor a fraction like 0.05)")
-        table, found = open_source(config.validation, config.field)
+        table, found = open_source(config.validation, config, folder)
         return table, np.arange(len(table)), found
-    table, found = open_source(config.source, config.field)
-    if not isinstance(table, records.Table):
+    table, found = open_source(config.source, config, folder)
+    if not isinstance(table, TABLES):
         raise DataError(f"{config.source}: streamed, so VALIDATION={config.validation} cannot hold records out: "
                         "give a local dataset, or a VALIDATION file")
     return table, records.held_out(len(table), share, config.seed)[1], found
 
 
-def open_reader(config, rank: int, world: int) -> tuple:
+def open_reader(config, rank: int, world: int, folder: str) -> tuple:
     """(this rank's reader, "text" or "chat") of the training records."""
     if config.validation or config.epochs:
-        table, indices, found = training_records(config)
+        table, indices, found = training_records(config, folder)
     else:
-        table, found = open_source(config.source, config.field)
-        if not isinstance(table, records.Table):
+        table, found = open_source(config.source, config, folder)
+        if not isinstance(table, TABLES):
             return records.StreamReader(table, config.source, rank, world), found
         indices = np.arange(len(table))
-    return records.TableReader(table, records.Order(indices, config.seed, rank, world)), found
+    return table_reader(table, records.Order(indices, config.seed, rank, world)), found
 
 
-def _kind(record: dict, field: str, origin: str) -> str:
-    try:
-        return kind(record, field)
-    except Problem as problem:
-        raise DataError(f"{origin}: {problem}") from None
+def table_reader(table, order: records.Order) -> records.TableReader:
+    """A reader of `table`'s records, or of a token cache's indices only."""
+    return records.TableReader(table, order, read=not isinstance(table, cache.Tokens))
 
 
 def tokenizer_of(config) -> str:
@@ -141,6 +150,11 @@ class DataLoader(ParallelAwareDataloader):
         """A model folder whose tokenizer and chat template render the data; empty: INIT_FROM's folder when it
         has a tokenizer, else the trainer's (hf_assets_path); set by the trainer before it builds the loader"""
 
+        cache_dir: str = ""
+        """The token cache of local tables (neuron_qwen3/data/cache.py): each record tokenized once, in
+        parallel, for every rank and every later run; the launcher sets CACHE_DIR/tokens. Empty: tokenized as
+        read, on every rank, in every run"""
+
         def __post_init__(self) -> None:
             if self.train_on not in TRAIN_ON:
                 raise ValueError(f"dataloader.train_on={self.train_on!r} is not one of {', '.join(TRAIN_ON)}")
@@ -153,21 +167,22 @@ class DataLoader(ParallelAwareDataloader):
         pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
         encoder = Encoder(tokenizer, config.train_on)
         if config.split == "validation":
-            table, indices, found = validation_records(config)
-            whole = records.TableReader(table, records.Order(indices, config.seed, 0, 1))
-            dataset = Shares(PackedDataset(whole, found, config.field, encoder, seq_len, pad, infinite=False),
-                             dp_rank, dp_world_size, local_batch_size)
+            table, indices, found = validation_records(config, tokenizer.tokenizer_path)
+            reader = table_reader(table, records.Order(indices, config.seed, 0, 1))  # the whole set, each rank
+            dataset = Shares(PackedDataset(reader, found, config.field, encoder, seq_len, pad, infinite=False,
+                                           tokens=cached(reader)), dp_rank, dp_world_size, local_batch_size)
             logger.info(f"data: validation: {len(indices)} records of {len(table)} in "
                         f"{config.source if records.fraction(config.validation) else config.validation}")
         else:
-            reader, found = open_reader(config, dp_rank, dp_world_size)
+            reader, found = open_reader(config, dp_rank, dp_world_size, tokenizer.tokenizer_path)
             share = f", {reader.per_epoch} of {len(reader.table)} records per epoch on this rank" \
                 if isinstance(reader, records.TableReader) else " (streamed)"
             logger.info(f"data: {config.source}: {found}{share}, field {config.field!r}"
                         + (f", train_on={config.train_on}" if found == "chat" else "")
                         + (f", {config.epochs} epochs" if config.epochs else ""))
             dataset = PackedDataset(reader, found, config.field, encoder, seq_len, pad, config.infinite,
-                                    config.epochs)
+                                    config.epochs, tokens=cached(reader))
+        self.cache = cached(reader).stats() if cached(reader) else None
         super().__init__(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, num_workers=config.num_workers,
                          persistent_workers=config.persistent_workers, pin_memory=config.pin_memory,
                          prefetch_factor=config.prefetch_factor, snapshot_every_n_steps=snapshot_every_n_steps,
@@ -175,5 +190,13 @@ class DataLoader(ParallelAwareDataloader):
 
     def stats(self) -> dict:
         """What this rank has read so far, for the run report: kind, epoch, records, turns, tokens_trained,
-        tokens_masked, tokens_padding, truncated, split, tokens_cut (in the main process: num_workers=0)."""
-        return self.dataset.stats()
+        tokens_masked, tokens_padding, truncated, split, tokens_cut (in the main process: num_workers=0); and
+        cache: {hit, prepare_s, folder} of the token cache it reads (hit: built before this loader opened it;
+        prepare_s: the key, the open, and any build or wait), None without one."""
+        return {**self.dataset.stats(), "cache": self.cache}
+
+
+def cached(reader) -> cache.Tokens | None:
+    """The token cache a reader reads indices of, or None (a stream, or a table read record by record)."""
+    table = getattr(reader, "table", None)
+    return table if isinstance(table, cache.Tokens) else None

@@ -258,10 +258,12 @@ class Order:
 
 
 class TableReader:
-    """One rank's pass over a table: record by record in `order`, epoch after epoch; its position is its state."""
+    """One rank's pass over a table: record by record in `order`, epoch after epoch; its position is its state.
+    `read=False`: indices only, for a token cache standing in for the table (data/cache.py), whose records are
+    neither read nor parsed."""
 
-    def __init__(self, table: Table, order: Order):
-        self.table, self.order = table, order
+    def __init__(self, table, order: Order, read: bool = True):
+        self.table, self.order, self.read = table, order, read
         self.epoch, self.cursor = 0, 0
         self._ids = order.epoch(0)
 
@@ -270,12 +272,12 @@ class TableReader:
         return len(self._ids)
 
     def next(self):
-        """(index, record) of the next record of this epoch, None at its end."""
+        """(index, record or None when not `read`) of the next record of this epoch, None at its end."""
         if self.cursor >= len(self._ids):
             return None
         i = int(self._ids[self.cursor])
         self.cursor += 1
-        return i, self.table.record(i)
+        return i, self.table.record(i) if self.read else None
 
     def origin(self, i: int) -> str:
         return self.table.origin(i)
