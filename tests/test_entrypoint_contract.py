@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from entrypoint import contract
+from entrypoint import contract, values
 from entrypoint.variants import DEFAULT_VARIANT, RECIPE_MODULE, SCALES, VARIANTS
 
 VAR = {var.name: var for var in contract.VARS}
@@ -28,9 +28,9 @@ def test_choices_come_from_the_variant_table(name, values):
         assert getattr(contract.parse({name: value}), name.lower()) == value
 
 
-@pytest.mark.parametrize("raw", list(contract.SWITCH) + ["ON", " Yes "])
+@pytest.mark.parametrize("raw", list(values.SWITCH) + ["ON", " Yes "])
 def test_compile_switch(raw):
-    assert contract.parse({"COMPILE": raw}).compile is contract.SWITCH[raw.strip().lower()]
+    assert contract.parse({"COMPILE": raw}).compile is values.SWITCH[raw.strip().lower()]
 
 
 @pytest.mark.parametrize("raw, cores", [("3", (3,)), ("0-3", (0, 1, 2, 3)), ("0-3,8", (0, 1, 2, 3, 8)),

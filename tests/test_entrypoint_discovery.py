@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from entrypoint import contract, discovery
+from entrypoint import contract, discovery, values
 
 PER_DEVICE = discovery.PHYSICAL_CORES_PER_DEVICE
 
@@ -40,7 +40,7 @@ def test_neuron_cores_are_devices_times_logical_cores(tmp_path, devices, lnc):
 def test_visible_cores_limit_the_count(tmp_path, visible, count):
     found = discover(tree(tmp_path, *neurons(16)), NEURON_RT_VISIBLE_CORES=visible)
     assert found.count == count
-    assert found.visible_cores == contract.core_list(visible)
+    assert found.visible_cores == values.core_list(visible)
 
 
 @pytest.mark.parametrize("devices, lnc, visible, bad", [(1, "2", "4", 4), (1, "2", "0-3,9", 9), (16, "2", "64", 64),
