@@ -318,7 +318,7 @@ def test_a_stop_in_the_middle_of_epoch_2_resumes_there_with_the_same_losses(tmp)
     (base_status, base_out, *_), (status, stopped_out, *_), (resumed_status, resumed_out, *_) = epoch_runs(tmp)
     steps = -(-EPOCHS * EPOCH_WINDOWS // 2)
     assert base_status == 0, explain(base_out)
-    assert f"data: {EPOCHS} epochs = {steps} steps of 2 sequences" in ANSI.sub("", base_out)
+    assert f"epochs: {EPOCHS} epochs = {steps} steps of 2 sequences" in ANSI.sub("", base_out)
     assert sorted(losses(base_out)) == list(range(1, steps + 1))  # the run ends after the epochs
     stop = STOPPED_AT.search(stopped_out)
     assert status == 143 and stop, explain(stopped_out)
