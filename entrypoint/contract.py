@@ -9,7 +9,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
 
-from entrypoint.values import (IDENTIFIER, WORD, UsageError, choice, comma_list, core_list, decimal, host, integer,
+from entrypoint.values import (IDENTIFIER, WORD, UsageError, choice, comma_list, core_list, dataset, decimal, host, integer,
                                keep_count, lnc, local_ranks, matching, module_name, node_list, non_negative_int,
                                path, port, positive_int, procs_per_node, qwen3_id, seconds, shell_words, switch,
                                text, validation, word)
@@ -97,9 +97,9 @@ VARS = (
         "MoE: the coefficient of the router z-loss (ST-MoE); default: 0", flag="--moe.z_loss"),
     Var("MOE_ROUTER", None, choice("train", "freeze"), "MoE: freeze keeps every router at INIT_FROM's weights, out "
         "of the optimizer; default: train", flag="--moe.router"),
-    Var("DATASET", None, text("`c4`, a Hub dataset id, or a local .jsonl, .json, .parquet or .txt file or folder"),
-        "training data; default: the config's (c4 at full scale, the bundled corpus at smoke); local files are "
-        "read offline", flag="--dataloader.source"),
+    Var("DATASET", None, dataset, "training data; default: the config's (c4 at full scale, the bundled corpus at "
+        "smoke); local files are read offline; a mix draws each epoch's records from its sources by weight",
+        flag="--dataloader.source"),
     Var("DATASET_FIELD", "text", matching(WORD, "a field name (letters, digits, `.`, `_`, `-`)"), "the record field "
         "that holds the text, or a conversation (`messages`, ShareGPT `conversations`; `prompt` + `completion` "
         "records are one turn), which makes the run SFT", flag="--dataloader.field"),

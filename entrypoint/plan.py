@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from entrypoint import rendezvous
 from entrypoint.contract import VARS, Settings, UsageError
 from entrypoint.discovery import Devices
+from entrypoint.values import mix_parts
 from entrypoint.variants import RECIPE_MODULE, VARIANTS
 
 COMPILE_BACKEND = {"neuron": "neuron", "cuda": "inductor", "cpu": "inductor"}
@@ -137,6 +138,8 @@ def passed_args(settings: Settings, environ) -> list:
             continue
         if var.name in PATHS and (var.name == "EXPORT_DIR" or os.path.exists(value)):
             value = os.path.abspath(value)
+        elif var.name == "DATASET" and mix_parts(value):
+            value = ",".join(f"{os.path.abspath(path)}:{weight}" for path, weight in mix_parts(value))
         args.append(f"{var.flag}={value}")
     return args
 

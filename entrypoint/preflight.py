@@ -20,6 +20,7 @@ from entrypoint.contract import Settings, child_env
 from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
 from entrypoint.plan import CACHE_VARS as CACHE_VARS_BY_KIND
 from entrypoint.plan import Plan
+from entrypoint.values import mix_parts
 from entrypoint.variants import RECIPE_MODULE
 
 REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the locks; in the image, image-build.lock too
@@ -160,6 +161,11 @@ def dataset(settings: Settings) -> list:
     offline = settings.hf_hub_offline or settings.scale != "full"
     if not name or name == "c4" and not offline:
         return []
+    parts = mix_parts(name)
+    if parts:
+        missing = [path for path, _ in parts if not os.path.exists(path)]
+        return [fail(f"DATASET={name!r}: {missing[0]} does not exist (a mix takes local files and folders)")] \
+            if missing else []
     local = os.path.exists(name) or name.endswith(DATA_SUFFIXES) or name.startswith(("/", ".", "~"))
     if local and not os.path.exists(name):
         return [fail(f"DATASET={name!r} does not exist")]

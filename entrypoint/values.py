@@ -6,6 +6,7 @@ naming the variable, the value and what is allowed.
 
 import ipaddress
 import math
+import os
 import re
 import shlex
 
@@ -89,6 +90,29 @@ qwen3_id = matching(QWEN3_ID, "a Qwen3 Hub id like Qwen/Qwen3-8B (`--list`)")
 path = text("a path")
 validation = matching(r"0?\.[0-9]*[1-9][0-9]*|(?![0-9.]+$)[^-].*", "a local file or folder, or a fraction above 0 "
                       "and below 1 like 0.05")
+
+
+MIX_PART = re.compile(r"(.+):([0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?|\.[0-9]+([eE][-+]?[0-9]+)?)")
+
+
+def mix_parts(raw: str) -> list | None:
+    """A DATASET mix's (path, weight) pairs, `a.jsonl:0.7,b.parquet:0.3`; None: one source. The recipes read
+    the mix itself (neuron_qwen3/data/mix.py); here it is checked for form, and its paths made absolute."""
+    if os.path.exists(raw):
+        return None
+    found = [MIX_PART.fullmatch(piece.strip()) for piece in raw.split(",")]
+    if "," not in raw and not found[0]:
+        return None
+    if not all(found) or not all(float(match[2]) > 0 for match in found):
+        raise ValueError
+    return [(match[1], match[2]) for match in found]
+
+
+@accepting("`c4`, a Hub dataset id, a local .jsonl, .json, .parquet or .txt file or folder, or a mix of local ones "
+           "with weights above 0 like a.jsonl:0.7,b.parquet:0.3")
+def dataset(raw) -> str:
+    mix_parts(raw)
+    return raw
 
 
 @accepting("shell words")

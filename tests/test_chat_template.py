@@ -110,12 +110,13 @@ def test_a_fine_tune_from_a_folder_with_trls_template_trains(tmp_path):
     ("{{ raise_exception('this template takes no user turns') }}", "the chat template refused it: this template "
                                                                    "takes no user turns"),
 ])
-def test_a_template_that_cannot_render_stops_before_launch_in_one_line(tmp_path, template, says):
+@pytest.mark.parametrize("epochs", [{}, {"EPOCHS": "1"}], ids=["steps", "epochs"])  # EPOCHS' plan tokenizes
+def test_a_template_that_cannot_render_stops_before_launch_in_one_line(tmp_path, template, says, epochs):
     base = tiny_qwen3(tmp_path / "base")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(SMOKE_TOKENIZER / name, base / name)
     (base / "chat_template.jinja").write_text(template)
-    result = launch(tmp_path, "--check", INIT_FROM=str(base))
+    result = launch(tmp_path, "--check", INIT_FROM=str(base), **epochs)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if "DATASET:" in line]
     assert len(lines) == 1 and says in lines[0], result.stderr[-2000:]

@@ -280,15 +280,17 @@ def test_the_launcher_gives_the_workers_the_cache_folder(tmp_path):
 
 @pytest.mark.training
 def test_the_build_runs_on_several_processes(tmp_path):
+    """3,200 records, about 10 s of one core: far more than the spawned processes' import times can differ by on a
+    loaded machine, so both take chunks (with 400, the first one ready sometimes took them all)."""
     from neuron_qwen3.data import cache
 
-    source = write(tmp_path / "many.jsonl", [conversation(i) for i in range(400)])
+    source = write(tmp_path / "many.jsonl", [conversation(i) for i in range(3200)])
     final = os.path.join(tmp_path / "cache", key(tmp_path / "cache", source))
-    cache.build(final, source, "messages", "assistant", smoke_tokenizer(), processes=2, chunk=8)
+    cache.build(final, source, "messages", "assistant", smoke_tokenizer(), processes=2, chunk=64)
     cached = prepare(tmp_path / "cache", source)
     assert cached.hit and len(cached.writers) == 2 and os.getpid() not in cached.writers
     assert len([name for name in os.listdir(final) if name.startswith("ids-")]) == 50
-    assert [cached.document(i) for i in range(400)] == tokenized(source, "chat")
+    assert [cached.document(i) for i in range(3200)] == tokenized(source, "chat")
 
 
 @pytest.mark.training
@@ -313,20 +315,29 @@ def launch(tmp, name, **env):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + rank_logs(out)
     lines = [json.loads(line) for line in (out / "report" / "metrics.jsonl").read_text().splitlines()]
     logs = "".join(path.read_text() for path in sorted((out / "torchrun").rglob("stdout.log")))
-    return {r["step"]: r["loss"] for r in lines if "loss" in r}, logs
+    summary = json.loads((out / "report" / "summary.json").read_text())
+    return {r["step"]: r["loss"] for r in lines if "loss" in r}, logs, summary
 
 
 @pytest.mark.training
 def test_cached_and_uncached_runs_train_the_same_losses_in_the_same_steps(tmp_path):
-    """EPOCHS=1 on 2 ranks: the pre-launch pass builds the cache, both workers find it (and tokenize nothing);
-    the run without it (`--dataloader.cache_dir=`) takes the same steps to bitwise the same losses."""
-    chat = write(tmp_path / "chat.jsonl", [conversation(i) for i in range(40)])
-    common = dict(DATASET=chat, DATASET_FIELD="messages", EPOCHS="1", NPROC="2")
-    cached, logs = launch(tmp_path, "cached", **common)
-    uncached, _ = launch(tmp_path, "uncached", EXTRA_ARGS="--dataloader.cache_dir=", **common)
+    """EPOCHS=1 on 2 ranks over a mix of two sources (data/mix.py): the pre-launch pass builds each source's cache,
+    both workers find them (and tokenize nothing); the run without it (`--dataloader.cache_dir=`) takes the same
+    steps to bitwise the same losses. summary.json's `data` says the cache was hit, and what each source gave."""
+    a = write(tmp_path / "a.jsonl", [conversation(i) for i in range(24)])
+    b = write(tmp_path / "b.jsonl", [conversation(100 + i) for i in range(16)])
+    common = dict(DATASET=f"{a}:0.6,{b}:0.4", DATASET_FIELD="messages", EPOCHS="1", NPROC="2")
+    cached, logs, summary = launch(tmp_path, "cached", **common)
+    uncached, _, plain = launch(tmp_path, "uncached", EXTRA_ARGS="--dataloader.cache_dir=", **common)
     assert len(cached) > 1 and cached == uncached
-    assert len(re.findall(r"data: token cache \S+: found\n", logs)) == 4  # the plan and the loader of each rank
-    assert len([path for path in (tmp_path / "cache" / "tokens").iterdir() if path.is_dir()]) == 1  # one key
+    assert len(re.findall(r"data: token cache \S+: found\n", logs)) == 8  # each source's: the plan, the loader; 2 ranks
+    assert len([path for path in (tmp_path / "cache" / "tokens").iterdir() if path.is_dir()]) == 2  # a key each
+    data = summary["data"]
+    assert data["cache"]["hit"] is True and data["cache"]["built_s"] > 0 and len(data["cache"]["folder"]) == 2
+    assert {path: s["records"] for path, s in data["sources"].items()} == {a: 24, b: 16} == {
+        path: s["records"] for path, s in plain["data"]["sources"].items()}
+    assert sum(s["tokens_trained"] for s in data["sources"].values()) == data["tokens_trained"] > 0
+    assert "cache" not in plain["data"] and data["tokens_trained"] == plain["data"]["tokens_trained"]
 
 
 @pytest.mark.training
@@ -334,6 +345,6 @@ def test_without_epochs_the_first_rank_builds_on_every_core_and_the_other_waits(
     """2,100 records: 3 chunks, so the rank that takes the lock first builds on 2 spawned processes inside its
     torchrun worker, while the other waits on the lock and then opens the cache."""
     chat = write(tmp_path / "chat.jsonl", [conversation(i % 8) for i in range(2100)])
-    _, logs = launch(tmp_path, "run", DATASET=chat, DATASET_FIELD="messages", STEPS="2", NPROC="2")
+    _, logs, _ = launch(tmp_path, "run", DATASET=chat, DATASET_FIELD="messages", STEPS="2", NPROC="2")
     assert len(re.findall(r"data: token cache \S+: built in \S+ s on 2 processes\n", logs)) == 1
     assert len(re.findall(r"data: token cache \S+: found\n", logs)) == 1

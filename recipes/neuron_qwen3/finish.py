@@ -123,7 +123,7 @@ def finish(config, world: int, kind: str) -> Finished:
         if config.dataloader.epochs:
             done.plan = data.epochs.plan(config, data_parallel(config, world))
             config.training.steps = done.plan.steps
-            done.lines.append(f"epochs: {done.plan.line}")
+            done.lines += [f"epochs: {done.plan.line}", *[done.plan.cache_line] * (done.plan.cache is not None)]
     done.lines += tuning.apply(config)  # after EPOCHS: the warm-up may be a fraction of the steps
     config.training.global_batch_size = tuning.batch(config, world)[0]  # -1 resolved as torchtitan resolves it
     return done

@@ -25,7 +25,7 @@ from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import folders, footprint
 from neuron_qwen3.moe import routing
 from neuron_qwen3.quirks import devices, titan_logs
-from neuron_qwen3.report import run_report
+from neuron_qwen3.report import data_read, run_report
 from neuron_qwen3.run import divergence, same_config, stop, teardown
 
 
@@ -169,6 +169,7 @@ class RunHooks(Trainer):
         self.stop_watch.join(config.comm)
         self.first_step = None
         self.router_watch = routing.attach(self)  # MoE: the router losses and the experts' load (moe/routing.py)
+        self.data_read = data_read.attach(self)  # what the data gave, over the ranks (report/data_read.py)
         self.report = run_report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
 
     def train(self):

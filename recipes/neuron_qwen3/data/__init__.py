@@ -6,14 +6,15 @@ tokens.py       how a record becomes tokens: the chat template's one rendering a
 packing.py      documents into seq_len windows, positions restarting per document; conversations cut to fit
 dataset.py      one rank's stateful stream of windows, and the counts of what it read; the validation shares
 cache.py        the token cache: a local table tokenized once, in parallel, read by every rank of every run
+mix.py          DATASET as a mix of local sources with weights: each epoch's records drawn by weight
 loader.py       `DataLoader`, the torchtitan dataloader, and its Config (training or validation records)
 epochs.py       EPOCHS: the steps N passes take, counted from the packed data
 scan.py         `scan`: a whole local file checked before launch; `render_first`: its first record rendered
 """
 
-from neuron_qwen3.data import epochs
+from neuron_qwen3.data import epochs, mix
 from neuron_qwen3.data.loader import DataLoader, tokenizer_of
 from neuron_qwen3.data.records import DataError
 from neuron_qwen3.data.scan import Scan, render_first, scan
 
-__all__ = ["DataError", "DataLoader", "Scan", "epochs", "render_first", "scan", "tokenizer_of"]
+__all__ = ["DataError", "DataLoader", "Scan", "epochs", "mix", "render_first", "scan", "tokenizer_of"]

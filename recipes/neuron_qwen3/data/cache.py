@@ -71,6 +71,7 @@ class Tokens:
 
     def __init__(self, folder: str, source: str, done: dict):
         self.folder, self.source, self.kind, self.writers = folder, source, done["kind"], done["writers"]
+        self.built_s = done.get("seconds")  # the build's, in whichever run built it
         self.index = np.load(os.path.join(folder, "index.npy"), mmap_mode="r")
         self.turns = np.load(os.path.join(folder, "turns.npy"), mmap_mode="r")
         self.hit, self.seconds, self._table = True, 0.0, None
@@ -105,7 +106,7 @@ class Tokens:
         return self._table.origin(i)
 
     def stats(self) -> dict:
-        return {"hit": self.hit, "prepare_s": round(self.seconds, 3), "folder": self.folder}
+        return {"hit": self.hit, "prepare_s": round(self.seconds, 3), "built_s": self.built_s, "folder": self.folder}
 
 
 def prepare(cache_dir: str, source: str, field: str, train_on: str, folder: str, processes: int = 0) -> Tokens:
@@ -177,6 +178,7 @@ def build(final: str, source: str, field: str, train_on: str, folder: str, proce
     """Every record of `source` tokenized into the cache `final`, chunk by chunk on `processes` processes (0: one
     per core this process may run on, or this process alone for fewer than SERIAL records). Built in a tmp
     folder, renamed into place when complete; nothing is kept when a record is bad (the first by index is named)."""
+    began = time.perf_counter()
     table = records.local_table(source)
     kind, count = dataset.kind_of(table.record(0), field, table.origin(0)), len(table)
     processes = processes or (1 if count < SERIAL else len(os.sched_getaffinity(0)))
@@ -196,7 +198,7 @@ def build(final: str, source: str, field: str, train_on: str, folder: str, proce
                 parts = list(pool.map(_chunk, spans))  # in order: the first error met is the first bad record's
             finally:
                 pool.shutdown(cancel_futures=True)
-        _index(tmp, kind, source, parts)
+        _index(tmp, kind, source, parts, time.perf_counter() - began)
         try:
             os.rename(tmp, final)
         except OSError:  # another builder's cache is there (a filesystem whose flock does not span nodes)
@@ -239,8 +241,8 @@ def _chunk(span: tuple) -> tuple:
     return np.array(meta, np.int64).reshape(-1, 3), np.array(turns, np.int32), os.getpid()
 
 
-def _index(tmp: str, kind: str, source: str, parts: list) -> None:
-    """The index of the chunks' records, then the marker with every file's size."""
+def _index(tmp: str, kind: str, source: str, parts: list, seconds: float) -> None:
+    """The index of the chunks' records, then the marker with every file's size (and the build's time)."""
     meta = np.concatenate([part[0] for part in parts])
     index = np.zeros(len(meta), INDEX)
     index["chunk"] = np.repeat(np.arange(len(parts)), [len(part[0]) for part in parts])
@@ -251,7 +253,8 @@ def _index(tmp: str, kind: str, source: str, parts: list) -> None:
     np.save(os.path.join(tmp, "turns.npy"), np.concatenate([part[1] for part in parts]))
     sizes = {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
     _write_json(os.path.join(tmp, DONE), {"format": FORMAT, "kind": kind, "records": len(index), "source": source,
-                                          "writers": sorted({part[2] for part in parts}), "sizes": sizes})
+                                          "writers": sorted({part[2] for part in parts}), "sizes": sizes,
+                                          "seconds": round(seconds, 3)})
 
 
 def _open(final: str, source: str) -> Tokens | None:

@@ -82,6 +82,8 @@ class PackedDataset(IterableDataset, Stateful):
         self.seq_len, self.pad_id, self.infinite, self.epochs = seq_len, pad_id, infinite, epochs
         self.packer = Packer(seq_len, pad_id, whole=kind == "chat")
         self.counts = dict.fromkeys(COUNTS, 0)
+        self.sources = getattr(getattr(reader, "table", None), "sources", None)  # a mix's (data/mix.py)
+        self.by_source = [[0, 0] for _ in self.sources.names] if self.sources else None  # records, tokens trained
 
     def __iter__(self):
         while True:
@@ -113,6 +115,10 @@ class PackedDataset(IterableDataset, Stateful):
             raise DataError(f"{self.reader.origin(i)}: {problem}") from None
         docs, cut = pieces(doc, self.kind, self.seq_len)
         count(self.counts, doc, docs, cut)
+        if self.by_source:
+            mine = self.by_source[self.sources.of(i)]
+            mine[0] += 1
+            mine[1] += sum(d.trained for d in docs)
         if cut and self.counts["truncated"] + self.counts["split"] <= LOGGED_CUTS:
             how = "truncated at a turn boundary" if cut == "truncated" else "split (no turn boundary fits)"
             logger.warning(f"{self.reader.origin(i)}: {len(doc.ids)} tokens, longer than seq_len {self.seq_len}: "
@@ -128,15 +134,23 @@ class PackedDataset(IterableDataset, Stateful):
                     f"{c['split']} split ({c['tokens_cut']} tokens left out)")
 
     def stats(self) -> dict:
-        return {"kind": self.kind, "epoch": self.reader.epoch, **self.counts, "tokens_padding": self.packer.padding}
+        """What this rank has read; a mix's also by source ({path: {records, tokens_trained}})."""
+        found = {"kind": self.kind, "epoch": self.reader.epoch, **self.counts, "tokens_padding": self.packer.padding}
+        if self.by_source:
+            found["sources"] = {name: {"records": n, "tokens_trained": trained}
+                                for name, (n, trained) in zip(self.sources.names, self.by_source)}
+        return found
 
     def state_dict(self) -> dict:
-        return {"reader": self.reader.state_dict(), "packer": self.packer.state_dict(), "counts": dict(self.counts)}
+        return {"reader": self.reader.state_dict(), "packer": self.packer.state_dict(), "counts": dict(self.counts),
+                **({"by_source": [list(pair) for pair in self.by_source]} if self.by_source else {})}
 
     def load_state_dict(self, state: dict) -> None:
         self.reader.load_state_dict(state["reader"])
         self.packer.load_state_dict(state["packer"])
         self.counts = dict(state["counts"])
+        if self.by_source:
+            self.by_source = [list(pair) for pair in state["by_source"]]
 
 
 class Shares(IterableDataset):

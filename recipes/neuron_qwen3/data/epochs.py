@@ -9,12 +9,12 @@ from its lengths, in seconds for a million records, and the pre-launch pass's pl
 then open.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from neuron_qwen3.data import cache, records
+from neuron_qwen3.data import mix
 from neuron_qwen3.data.conversations import Problem
 from neuron_qwen3.data.dataset import documents
-from neuron_qwen3.data.loader import tokenizer_of, training_records
+from neuron_qwen3.data.loader import CACHED, tokenizer_of, training_records
 from neuron_qwen3.data.packing import fit, windows
 from neuron_qwen3.data.records import DataError
 from neuron_qwen3.data.tokens import Encoder
@@ -26,10 +26,19 @@ class Plan:
     steps: int
     sequences: int  # per step, over every data-parallel rank (the global batch)
     windows: tuple  # per data-parallel rank, over all epochs
+    cache: dict | None = field(default=None, compare=False)  # the token cache's stats, when the plan read one
 
     @property
     def line(self) -> str:
         return f"{self.epochs} epochs = {self.steps} steps of {self.sequences} sequences"
+
+    @property
+    def cache_line(self) -> str | None:
+        if self.cache is None:
+            return None
+        how = "found" if self.cache["hit"] else f"built in {self.cache['prepare_s']:.1f} s"
+        folders = self.cache["folder"]  # a mix: one per source
+        return f"token cache: {how} ({folders if isinstance(folders, str) else ', '.join(folders)})"
 
 
 def global_batch(training, dp: int) -> int:
@@ -43,18 +52,18 @@ def plan(config, dp: int) -> Plan:
     table, indices, kind = training_records(loader, tokenizer_of(config))
     per = label_counts(table, indices, kind, config)
     per_rank = global_batch(config.training, dp) // dp
-    counts = tuple(sum(windows([per[i] for i in records.Order(indices, loader.seed, rank, dp).epoch(e).tolist()],
+    counts = tuple(sum(windows([per[i] for i in mix.order(table, indices, loader.seed, rank, dp).epoch(e).tolist()],
                                seq_len, kind == "chat") for e in range(loader.epochs)) for rank in range(dp))
     return Plan(loader.epochs, max(-(-count // per_rank) for count in counts), global_batch(config.training, dp),
-                counts)
+                counts, table.stats() if isinstance(table, CACHED) else None)
 
 
 def label_counts(table, indices, kind: str, config) -> list:
     """The label count of each window-sized document of each record of `indices` (a list by record index). From
-    a token cache, a record's count is its tokens less one, and only a conversation longer than seq_len is read
-    and fit; else every record is read and tokenized, on this one core."""
+    a token cache (a mix's too), a record's count is its tokens less one, and only a conversation longer than
+    seq_len is read and fit; else every record is read and tokenized, on this one core."""
     loader, seq_len = config.dataloader, config.training.seq_len
-    if isinstance(table, cache.Tokens):
+    if isinstance(table, CACHED):
         labels = table.labels
         per = [(n,) for n in labels.tolist()]
         for i, doc in table.documents(indices[labels[indices] > seq_len] if kind == "chat" else []):

@@ -17,38 +17,55 @@ import numpy as np
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.tools.logging import logger
 
-from neuron_qwen3.data import cache, records
+from neuron_qwen3.data import cache, mix, records
 from neuron_qwen3.data.dataset import PackedDataset, Shares, kind_of
 from neuron_qwen3.data.records import DataError
 from neuron_qwen3.data.tokens import TRAIN_ON, Encoder
 
-TABLES = (records.Table, cache.Tokens)  # read by index, in a seeded order
+CACHED = (cache.Tokens, mix.Cached)  # a token cache: documents by index, no record read
+TABLES = (records.Table, *CACHED)  # read by index, in a seeded order
 
 
 def open_source(source: str, config, folder: str) -> tuple:
     """(a Table, the token cache standing in for one, or a stream of records; "text" or "chat") of a source: c4
-    and Hub datasets of text are streamed; a local table is read through the token cache under
-    `config.cache_dir` when one is set (data/cache.py: tokenized once, with the tokenizer of `folder`)."""
+    and Hub datasets of text are streamed; a local table, or a mix of them (data/mix.py), is read through the
+    token cache under `config.cache_dir` when one is set (data/cache.py: tokenized once, with the tokenizer of
+    `folder`)."""
     if source == "c4":
         return records.hub_stream(source), "text"
+    parts = mix.parse(source)
+    if parts:
+        opened = [local_source(part.path, config, folder) for part in parts]
+        kinds = {part.path: kind for part, (_, kind) in zip(parts, opened)}
+        if len(set(kinds.values())) > 1:
+            raise DataError(f"DATASET={source!r} mixes text and conversations ("
+                            + ", ".join(f"{path}: {kind}" for path, kind in kinds.items()) + "): mix one kind")
+        tables = [table for table, _ in opened]
+        both = mix.Cached(parts, tables) if config.cache_dir else mix.Table(parts, tables)
+        return both, opened[0][1]
     if records.is_local(source):
-        if not os.path.exists(source):
-            raise DataError(f"{source}: does not exist")
-        if config.cache_dir:
-            tokens = cache.prepare(config.cache_dir, source, config.field, config.train_on, folder)
-            logger.info(f"data: token cache {tokens.folder}: " + (
-                "found" if tokens.hit else f"built in {tokens.seconds:.1f} s on {len(tokens.writers)} process"
-                + "es" * (len(tokens.writers) > 1)))
-            return tokens, tokens.kind
-        table = records.local_table(source)
-    else:
-        stream = records.hub_stream(source)
-        first = next(iter(stream), None)
-        if first is None:
-            raise DataError(f"{source}: the Hub dataset's train split is empty")
-        if kind_of(first, config.field, f"{source} row 1") == "text":
-            return stream, "text"
-        table = records.hub_table(source)
+        return local_source(source, config, folder)
+    stream = records.hub_stream(source)
+    first = next(iter(stream), None)
+    if first is None:
+        raise DataError(f"{source}: the Hub dataset's train split is empty")
+    if kind_of(first, config.field, f"{source} row 1") == "text":
+        return stream, "text"
+    table = records.hub_table(source)
+    return table, kind_of(table.record(0), config.field, table.origin(0))
+
+
+def local_source(source: str, config, folder: str) -> tuple:
+    """(the Table of a local file or folder, or its token cache; its kind)."""
+    if not os.path.exists(source):
+        raise DataError(f"{source}: does not exist")
+    if config.cache_dir:
+        tokens = cache.prepare(config.cache_dir, source, config.field, config.train_on, folder)
+        logger.info(f"data: token cache {tokens.folder}: " + (
+            "found" if tokens.hit else f"built in {tokens.seconds:.1f} s on {len(tokens.writers)} process"
+            + "es" * (len(tokens.writers) > 1)))
+        return tokens, tokens.kind
+    table = records.local_table(source)
     return table, kind_of(table.record(0), config.field, table.origin(0))
 
 
@@ -87,12 +104,12 @@ def open_reader(config, rank: int, world: int, folder: str) -> tuple:
         if not isinstance(table, TABLES):
             return records.StreamReader(table, config.source, rank, world), found
         indices = np.arange(len(table))
-    return table_reader(table, records.Order(indices, config.seed, rank, world)), found
+    return table_reader(table, mix.order(table, indices, config.seed, rank, world)), found
 
 
 def table_reader(table, order: records.Order) -> records.TableReader:
     """A reader of `table`'s records, or of a token cache's indices only."""
-    return records.TableReader(table, order, read=not isinstance(table, cache.Tokens))
+    return records.TableReader(table, order, read=not isinstance(table, CACHED))
 
 
 def tokenizer_of(config) -> str:
@@ -191,12 +208,14 @@ class DataLoader(ParallelAwareDataloader):
     def stats(self) -> dict:
         """What this rank has read so far, for the run report: kind, epoch, records, turns, tokens_trained,
         tokens_masked, tokens_padding, truncated, split, tokens_cut (in the main process: num_workers=0); and
-        cache: {hit, prepare_s, folder} of the token cache it reads (hit: built before this loader opened it;
-        prepare_s: the key, the open, and any build or wait), None without one."""
+        cache: {hit, prepare_s, built_s, folder} of the token cache it reads (hit: built before this loader opened
+        it; prepare_s: the key, the open, and any build or wait; built_s: the build, whoever built it), None without
+        one; a mix's `sources`: {path: {records, tokens_trained}}."""
         return {**self.dataset.stats(), "cache": self.cache}
 
 
-def cached(reader) -> cache.Tokens | None:
-    """The token cache a reader reads indices of, or None (a stream, or a table read record by record)."""
+def cached(reader):
+    """The token cache a reader reads indices of (cache.Tokens, or a mix's mix.Cached), or None (a stream, or a
+    table read record by record)."""
     table = getattr(reader, "table", None)
-    return table if isinstance(table, cache.Tokens) else None
+    return table if isinstance(table, CACHED) else None

@@ -256,6 +256,11 @@ class Order:
         shuffled = self.indices[np.random.default_rng([self.seed, epoch]).permutation(len(self.indices))]
         return shuffled[self.rank::self.world]
 
+    def signature(self) -> list:
+        """What else than the record count decides the order, kept in a checkpoint: nothing here (a mix's
+        weights, data/mix.py)."""
+        return []
+
 
 class TableReader:
     """One rank's pass over a table: record by record in `order`, epoch after epoch; its position is its state.
@@ -287,12 +292,17 @@ class TableReader:
         self._ids = self.order.epoch(self.epoch)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor, "records": len(self.table)}
+        return {"epoch": self.epoch, "cursor": self.cursor, "records": len(self.table),
+                "order": self.order.signature()}
 
     def load_state_dict(self, state: dict) -> None:
         if state["records"] != len(self.table):
             raise DataError(f"the checkpoint was taken on {state['records']} records, the data now holds "
                             f"{len(self.table)}: resume on the same data")
+        taken = state.get("order", [])  # a checkpoint from before mixes: one source
+        if taken != self.order.signature():
+            was, now = (",".join(signature) or "one source" for signature in (taken, self.order.signature()))
+            raise DataError(f"the checkpoint was taken on the mix {was}, the data now is {now}: resume on the same mix")
         self.epoch, self.cursor = state["epoch"], state["cursor"]
         self._ids = self.order.epoch(self.epoch)
 

@@ -57,8 +57,11 @@ def render_first(path: str, field: str, train_on: str, tokenizer_folder: str) ->
 
     table = local_table(path)
     record = table.record(0)
-    if conversations.kind(record, field) != "chat":
-        return None
+    try:
+        if conversations.kind(record, field) != "chat":
+            return None
+    except Problem:
+        return None  # the record's own fault, not the template's: the format scan names it with its line
     try:
         encoder = Encoder(HuggingFaceTokenizer(tokenizer_path=tokenizer_folder), train_on)
     except jinja2.TemplateError as error:

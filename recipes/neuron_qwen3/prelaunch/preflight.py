@@ -18,7 +18,7 @@ checked, with the library that reads it:
 | init_from | no model folder, no weights, another architecture or shape than the run trains | a complete checkpoint wins (not with LoRA) |
 | lora | no INIT_FROM, a target the model lacks, TP/EP/PP, an adapter INIT_FROM's base or settings, another base | |
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
-| dataset | a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation (data.scan, every record) | |
+| dataset | a mix of another form than path:weight,... or of a missing file; a chat template that cannot render the first record (data.render_first); a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation (data.scan, every record) | |
 | validation | no VALIDATION file, a bad record in it, a fraction of a streamed DATASET | |
 | epochs | STEPS (`--training.steps`) beside EPOCHS, a streamed DATASET; else the line "N epochs = S steps of B sequences" (data.epochs, also for --dry-run) | |
 | checkpoints | a read error other than "not found" | a broken step-N (moved aside on node 0), an unfinished one |
@@ -247,8 +247,9 @@ def validation(config, check_files: bool) -> list:
     if not held:
         return []
     if data.records.fraction(held) is not None:
-        return [] if os.path.exists(source) else [f"VALIDATION={held} holds records out of DATASET, which is not "
-                                                  f"local ({source}): give a local DATASET, or a VALIDATION file"]
+        return [] if data.mix.local_paths(source) else [f"VALIDATION={held} holds records out of DATASET, which is "
+                                                        f"not local ({source}): give a local DATASET, or a "
+                                                        "VALIDATION file"]
     if not os.path.exists(held):
         return [f"VALIDATION={held!r}: no such file or folder (nor a fraction like 0.05)"]
     found = data.scan(held, config.dataloader.field) if check_files else None
@@ -261,7 +262,9 @@ def epochs(config, request: dict) -> str | None:
         return None
     if any(arg == "--training.steps" or arg.startswith("--training.steps=") for arg in request["args"]):
         return "STEPS and EPOCHS are both set: EPOCHS derives the steps from the data; give one of them"
-    if not os.path.exists(config.dataloader.source):
+    from neuron_qwen3 import data
+
+    if not data.mix.local_paths(config.dataloader.source):
         return f"EPOCHS needs a local DATASET; {config.dataloader.source} is streamed: give STEPS instead"
     return None
 
@@ -283,6 +286,8 @@ def run(request: dict) -> dict:
         problems = adapters.problems(config, tuned) if tuned else []
     except adapters.LoRAError as error:
         problems = [str(error)]
+    if not problems:  # a mix's form first; the template before EPOCHS' plan tokenizes the data with it
+        problems = rendered(config)
     if not problems:
         problem = tuning.batch_problem(config, request["ranks"]) or epochs(config, request)
         problems = ([problem] if problem else []) + validation(config, request.get("check_files"))
@@ -333,17 +338,35 @@ def run(request: dict) -> dict:
     exported = shape.parameters() if shape and (not tuned or tuned.merged) else None  # an adapter is small
     answer["problems"] += problems + export(config, exported)
     answer["warnings"] += warnings
-    source = getattr(config.dataloader, "source", None)
-    if source and os.path.exists(source):  # local: every record read as the workers read it (formats, not tokens)
-        found = data.scan(source, config.dataloader.field)
-        problem = found.problem or data.render_first(source, config.dataloader.field, config.dataloader.train_on,
-                                                     config.dataloader.tokenizer_folder)
-        if problem:
-            answer["problems"].append(f"DATASET: {problem}")
+    for path in data.mix.local_paths(getattr(config.dataloader, "source", "")) or ():
+        found = data.scan(path, config.dataloader.field)  # every record read as the workers read it (formats)
+        if found.problem:
+            answer["problems"].append(f"DATASET: {found.problem}")
         else:
             answer["lines"].append(f"dataset: {found.counts['records']} records" + (
-                f", {found.counts['turns']} turns" if found.counts["turns"] else "") + f" in {source}")
+                f", {found.counts['turns']} turns" if found.counts["turns"] else "") + f" in {path}")
     return answer
+
+
+def rendered(config) -> list:
+    """The first record of each local source rendered with the run's chat template: a template that does not
+    compile or refuses the data is one line here, not a traceback in every worker (or in EPOCHS' plan)."""
+    from neuron_qwen3 import data
+
+    source = getattr(config.dataloader, "source", "")
+    try:
+        paths = data.mix.local_paths(source) if source else None
+    except data.DataError as error:
+        return [str(error)]
+    for path in paths or ():
+        try:
+            problem = data.render_first(path, config.dataloader.field, config.dataloader.train_on,
+                                        data.tokenizer_of(config))
+        except data.DataError as error:
+            problem = str(error)
+        if problem:
+            return [f"DATASET: {problem}"]
+    return []
 
 
 def main() -> int:

@@ -7,6 +7,8 @@ line also holds the experts' load over the logging interval (`moe`, from moe/rou
 expert summed over the ranks, max/mean and router entropy per layer, the NKI experts' block padding, the router
 losses) and, when the interval is that step alone, its cross-entropy apart (`loss_ce`: torchtitan's loss holds
 the router losses); summary.json's `moe` is the last interval's worst layer, experts.png its tokens per expert.
+summary.json's `data` is what the data gave up to the last logged step, over every rank (data_read.py): records,
+tokens trained, masked and padding, a mix's records and tokens by source, and the token cache's hit and time.
 
 Written by the metrics rank (rank 0 without pipeline parallelism) through torchtitan's own metrics machinery:
 `ReportLogger` is one more logger backend in the MetricsProcessor's LoggerContainer, next to TensorBoard, so
@@ -282,6 +284,7 @@ class RunReport:
             "wall_s": now - self.launched,
             "versions": versions(),
             **({"moe": moe} if moe else {}),  # a dense model: no key
+            "data": getattr(trainer, "data_read", None) and trainer.data_read.last,  # report/data_read.py
         }
 
 
