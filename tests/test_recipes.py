@@ -153,3 +153,14 @@ def test_the_precision_is_the_configs_own_elsewhere(name, kind, flags):
     before = (config.training.mixed_precision_param, list(config.override.imports))
     assert finish.cpu_float32(config, kind) is None
     assert (config.training.mixed_precision_param, config.override.imports) == before
+
+
+@pytest.mark.parametrize("kind", ["cpu", "cuda", "neuron"])
+def test_a_float32_run_off_neuron_computes_its_experts_in_float32(kind):
+    """Asked for float32 compute (a parity check, a comparison with transformers' greedy answers), the nki_moe
+    reference experts follow it instead of casting to bf16; on Neuron the kernels keep bf16."""
+    config = parsed("nki_moe_qwen3_smoke", "--training.mixed_precision_param", "float32")
+    assert finish.cpu_float32(config, kind) is None  # nothing a full-scale line should say
+    entries = [(entry, {}) if isinstance(entry, str) else entry for entry in config.override.imports]
+    dtypes = [kwargs.get("compute_dtype") for target, kwargs in entries if target == finish.NKI_EXPERTS]
+    assert dtypes == ([None] if kind == "neuron" else ["float32"])

@@ -48,16 +48,19 @@ def _nki_entries(overrides):
 
 def cpu_float32(config, kind: str) -> str | None:
     """On CPU (`kind`, the device the worker trains on), a full-scale config computes in float32, as the bench
-    configs do on CPU; a config of the user's own (no report.scale) decides its own. Returns the line that says
-    so, or None."""
-    if kind != "cpu" or config.report.scale != "full" or not config.cpu_float32:
-        return None
-    config.training.mixed_precision_param = "float32"
+    configs do on CPU; a config of the user's own (no report.scale) decides its own. Off Neuron, a run computing
+    in float32 (so, or by --training.mixed_precision_param float32) has its nki_moe experts compute in float32
+    too: they cast to bf16 themselves, which on Neuron the kernels need. Returns the line that says what full
+    scale on CPU changed, or None."""
+    full_on_cpu = kind == "cpu" and config.report.scale == "full" and config.cpu_float32
+    if full_on_cpu:
+        config.training.mixed_precision_param = "float32"
     experts = ""
-    for i, kwargs in list(_nki_entries(config.override)):  # the nki_moe experts cast to bf16 themselves
-        config.override.imports[i] = (NKI_EXPERTS, {**kwargs, "compute_dtype": "float32"})
-        experts = ", nki_moe experts compute_dtype float32"
-    return CPU_FLOAT32.format(experts=experts)
+    if kind != "neuron" and config.training.mixed_precision_param == "float32":
+        for i, kwargs in list(_nki_entries(config.override)):
+            config.override.imports[i] = (NKI_EXPERTS, {**kwargs, "compute_dtype": "float32"})
+            experts = ", nki_moe experts compute_dtype float32"
+    return CPU_FLOAT32.format(experts=experts) if full_on_cpu else None
 
 
 def configure_nki_experts(overrides, neuron) -> None:
