@@ -112,6 +112,13 @@ VARS = (
         flag="--validator.freq"),
     Var("EPOCHS", None, positive_int, "passes over a local DATASET, each reshuffled; the steps are derived from "
         "the packed data (not with STEPS)", flag="--dataloader.epochs"),
+    Var("SAMPLE_PROMPTS", None, path, "a local file of conversations (DATASET's formats) the model answers "
+        "greedily at step 0, every SAMPLE_INTERVAL steps and after the last: "
+        "report/samples.md; default: none (smoke: three bundled prompts); empty: none", flag="--samples.prompts"),
+    Var("SAMPLE_TOKENS", None, positive_int, "the most new tokens a sample answer takes; default: 48",
+        flag="--samples.tokens"),
+    Var("SAMPLE_INTERVAL", None, positive_int, "steps between sample answers; default: VALIDATION_INTERVAL with "
+        "VALIDATION, else only step 0 and the last", flag="--samples.every"),
     Var("WANDB_MODE", None, text("a mode wandb accepts, e.g. offline"), "Weights & Biases beside TensorBoard: on "
         "with WANDB_API_KEY or WANDB_MODE=offline", flag="--metrics.enable_wandb"),
     Var("WANDB_API_KEY", None, text("a key"), "Weights & Biases key; never printed", flag="--metrics.enable_wandb",

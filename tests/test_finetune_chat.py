@@ -6,7 +6,8 @@ template, a bad record stops the worker with its one line.
   same loss at every step, within fp32 noise, over several optimizer steps. With the v5 backend's old plain
   causal mask they do not (checked by hand when the block-causal mask came in).
 - SFT on 2 processes: the loss falls, and transformers serves the export: its loss on the training conversations
-  is the trained one, and it answers a new question in a well-formed turn that ends with <|im_end|>.
+  is the trained one, and it answers a new question in a well-formed turn that ends with <|im_end|>; the samples
+  the run took of those questions end so at the last step, and did not at step 0.
 - every kind of bad record: the pre-launch pass names it in one line and starts nothing (exit 2); with
   PREFLIGHT=warn it reaches the worker, which prints the same line, exits 2 (torchrun's failure table says so,
   with that line and no traceback; torchrun itself exits 1), and no step runs.
@@ -26,6 +27,7 @@ import torch
 from conftest import ANSI, RECIPES, REPO, STEP_LOSS, worker_env
 
 pytestmark = pytest.mark.training
+QUESTIONS = ("3+9?", "12+30?")  # not in the training conversations
 AGREE = 1e-5  # relative, per step; measured below 1e-6, and 1e-3 with the old causal mask
 FP32 = "--training.mixed_precision_param float32"  # FSDP computes in bf16 by default: its noise would be 1e-5
 
@@ -94,8 +96,11 @@ def run(tmp, name):
     """One launcher run, each at most once per session: native and v5 from one model, sft on 2 processes."""
     source, chat = source_and_data(tmp)
     if name == "sft":
+        prompts = write_jsonl(f"{tmp}/prompts.jsonl", [{"messages": [{"role": "user", "content": question}],
+                                                         "enable_thinking": False} for question in QUESTIONS])
         return launch(tmp, name, VARIANT="native", DATASET=chat, DATASET_FIELD="messages", STEPS="40", NPROC="2",
-                      LR="3e-3", EXPORT_DIR=f"{tmp}/export", EXPORT_DTYPE="float32")
+                      LR="3e-3", EXPORT_DIR=f"{tmp}/export", EXPORT_DTYPE="float32", SAMPLE_PROMPTS=prompts,
+                      SAMPLE_TOKENS="16")
     return launch(tmp, name, VARIANT=name, INIT_FROM=source, DATASET=chat, DATASET_FIELD="messages", STEPS="5",
                   EXTRA_ARGS=FP32)
 
@@ -150,7 +155,7 @@ def test_sft_on_two_processes_answers_in_the_template(tmp):
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     end_of_turn = tokenizer.convert_tokens_to_ids(IM_END)
     assert end_of_turn in model.generation_config.eos_token_id
-    for question in ("3+9?", "12+30?"):
+    for question in QUESTIONS:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                                enable_thinking=False, tokenize=False)
         assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
@@ -158,6 +163,21 @@ def test_sft_on_two_processes_answers_in_the_template(tmp):
         answer = model.generate(**ids, max_new_tokens=16, do_sample=False)[0, ids["input_ids"].shape[1]:].tolist()
         assert answer[-1] == end_of_turn and end_of_turn not in answer[:-1], tokenizer.decode(answer)
         assert re.fullmatch(r"\d+\.", tokenizer.decode(answer[:-1])), tokenizer.decode(answer)
+
+
+def test_the_samples_learn_to_end_the_turn(tmp):
+    """The same fine-tune answering QUESTIONS while it trains (SAMPLE_PROMPTS, report/samples.jsonl): the random
+    model's answers at step 0 are others; at step 40 each ends with the <|im_end|> token."""
+    from neuron_qwen3.data.tokens import IM_END
+
+    finished(run(tmp, "sft"), 40)
+    rows = [json.loads(line) for line in open(f"{tmp}/sft-out/report/samples.jsonl")]
+    first, last = ([row for row in rows if row["step"] == step] for step in (0, 40))
+    assert [row["text"] for row in last] == list(QUESTIONS) and len(rows) == 2 * len(QUESTIONS)
+    end_of_turn = json.load(open(f"{tmp}/export/tokenizer.json"))["added_tokens"]
+    end_of_turn = next(token["id"] for token in end_of_turn if token["content"] == IM_END)
+    assert all(row["stop"] == "end" and row["tokens"][-1] == end_of_turn for row in last), last
+    assert all(row["tokens"] != again["tokens"] for row, again in zip(first, last))
 
 
 # A tool turn without a call: (third line, DATASET_FIELD, what the worker's line says after "<file>:3: ")

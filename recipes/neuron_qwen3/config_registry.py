@@ -48,6 +48,7 @@ titan_logs.install()  # before any config function builds torchtitan's checkpoin
 ASSETS = Path(__file__).resolve().parent / "assets"
 SMOKE_TOKENIZER = ASSETS / "tokenizer"
 SMOKE_CORPUS = ASSETS / "corpus"
+SMOKE_PROMPTS = ASSETS / "samples.jsonl"  # SAMPLE_PROMPTS' default at smoke scale
 # config.json of each dense smoke/bench shape as a Qwen3ForCausalLM, for the v5 variant (assets/make_assets.py)
 HF_MODEL = {"smoke": ASSETS / "hf_qwen3_tiny", "bench_cpu": ASSETS / "hf_qwen3_bench_cpu",
             "bench": ASSETS / "hf_qwen3_bench"}
@@ -183,9 +184,10 @@ globals().update({name: build for name, build in _flavor_configs().items() if na
 
 
 def _smoke_training(config):
-    """Bundled tokenizer and corpus, short sequences, ten steps, a fixed seed."""
+    """Bundled tokenizer, corpus and sample prompts, short sequences, ten steps, a fixed seed."""
     config.hf_assets_path = str(SMOKE_TOKENIZER)
     config.dataloader = data.DataLoader.Config(source=str(SMOKE_CORPUS))
+    config.samples = dataclasses.replace(config.samples, prompts=str(SMOKE_PROMPTS))
     config.training.steps = 10
     config.training.local_batch_size = 2
     config.training.seq_len = 256

@@ -25,7 +25,7 @@ from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import folders, footprint
 from neuron_qwen3.moe import routing
 from neuron_qwen3.quirks import devices, titan_logs
-from neuron_qwen3.report import data_read, run_report
+from neuron_qwen3.report import data_read, run_report, samples
 from neuron_qwen3.run import divergence, same_config, stop, teardown
 
 
@@ -92,6 +92,19 @@ class Report:
 
 
 @dataclass(kw_only=True, slots=True)
+class Samples:
+    prompts: str = ""
+    """SAMPLE_PROMPTS: a local file of conversations (DATASET's formats; `enable_thinking` per record) that the
+    model answers greedily at step 0, every `every` steps and after the last step (report/samples.py); empty:
+    none."""
+    tokens: int = 48
+    """SAMPLE_TOKENS: the most new tokens an answer takes; it stops sooner at the template's end of turn."""
+    every: int = 0
+    """SAMPLE_INTERVAL: steps between samples; 0: the validation interval with validation, else none between
+    step 0 and the last."""
+
+
+@dataclass(kw_only=True, slots=True)
 class Stop:
     enable: bool = True
     """On SIGTERM/SIGINT, finish the step, save it on every rank (with --checkpoint.enable) and exit 128 + N."""
@@ -134,6 +147,7 @@ class RunSettings:
     moe: Moe = field(default_factory=Moe)
     neuron: Neuron = field(default_factory=Neuron)
     report: Report = field(default_factory=Report)
+    samples: Samples = field(default_factory=Samples)
     stop: Stop = field(default_factory=Stop)
     tune: Tune = field(default_factory=Tune)
     divergence: Divergence = field(default_factory=Divergence)
@@ -170,6 +184,10 @@ class RunHooks(Trainer):
         self.first_step = None
         self.router_watch = routing.attach(self)  # MoE: the router losses and the experts' load (moe/routing.py)
         self.data_read = data_read.attach(self)  # what the data gave, over the ranks (report/data_read.py)
+        try:
+            self.sampler = samples.attach(self, super().post_dataloading_process)  # SAMPLE_PROMPTS' answers
+        except data.DataError as error:
+            raise fail_on_data(error) from None
         self.report = run_report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
 
     def train(self):
@@ -186,6 +204,8 @@ class RunHooks(Trainer):
                 self.close()
                 raise
             self.validate_last()
+            if self.sampler:
+                self.sampler.sample(self.step)  # after the last step (also when the data ran out)
             # export.dir: also when the data ran out before training.steps; not after a stop
             folders.export(self, self.lora) if self.lora else weights.export(self)
 
@@ -230,11 +250,15 @@ class RunHooks(Trainer):
         except RuntimeError as error:
             divergence.not_finite(self.loss_watch, error)  # torchtitan's non-finite loss: Diverged, one line
             raise
+        if self.sampler and self.sampler.due(self.step):
+            self.sampler.sample(self.step)
 
     def should_continue_training(self) -> bool:
         """torchtitan's test, plus save on stop (stop.py) at each step boundary."""
         if self.first_step is None:
             self.first_step = self.step  # the loaded step: the loop has not begun
+            if self.sampler:
+                self.sampler.begin(self.step)  # step 0's answers, or a resumed run's samples go on
         if not super().should_continue_training():
             return False
         signum = self.stop_watch.agreed()

@@ -42,10 +42,11 @@ def text(record: dict, field: str) -> str:
     return value
 
 
-def conversation(record: dict, field: str) -> tuple[list, list | None]:
-    """(messages, tools) of a chat record, checked."""
+def conversation(record: dict, field: str, answered: bool = True) -> tuple[list, list | None]:
+    """(messages, tools) of a chat record, checked; `answered=False`: a prompt to answer, which needs no assistant
+    turn (a `prompt` record needs no `completion`)."""
     value, system = record.get(field), None
-    if value is None and "prompt" in record and "completion" in record:
+    if value is None and "prompt" in record and ("completion" in record or not answered):
         messages = _prompt_completion(record)
     elif not isinstance(value, list):
         kind(record, field)  # names what the field is instead
@@ -58,15 +59,17 @@ def conversation(record: dict, field: str) -> tuple[list, list | None]:
             system = {"role": "system", "content": record["system"]}  # LLaMA-Factory's system column
     else:
         messages = [_openai(k, m) for k, m in enumerate(value, 1)]
-    _check_turns(messages)
+    _check_turns(messages, answered)
     return ([system] if system else []) + messages, _tools(record.get("tools"))
 
 
 def _prompt_completion(record: dict) -> list:
-    for name in ("prompt", "completion"):
+    names = [name for name in ("prompt", "completion") if name in record]
+    for name in names:
         if not isinstance(record[name], str):
             raise Problem(f"{name} is not a string: {_short(record[name])}")
-    return [{"role": "user", "content": record["prompt"]}, {"role": "assistant", "content": record["completion"]}]
+    roles = {"prompt": "user", "completion": "assistant"}
+    return [{"role": roles[name], "content": record[name]} for name in names]
 
 
 def _openai(k: int, message) -> dict:
@@ -130,8 +133,8 @@ def _sharegpt(k: int, message) -> dict:
     return {"role": "assistant", "content": "", "tool_calls": [_tool_call(k, call) for call in calls]}
 
 
-def _check_turns(messages: list) -> None:
-    if not any(m["role"] == "assistant" for m in messages):
+def _check_turns(messages: list, answered: bool) -> None:
+    if answered and not any(m["role"] == "assistant" for m in messages):
         raise Problem("no assistant turn: nothing to train on")
     caller = None  # the message a tool result answers: the nearest earlier one that is not a tool result
     for k, message in enumerate(messages, 1):

@@ -118,8 +118,9 @@ class Encoder:
         ids = self.tokenizer.encode(value, add_bos=True, add_eos=True)
         return Document(ids, ids[1:])
 
-    def render(self, messages: list, tools: list | None) -> str:
-        """The whole conversation through the tokenizer's chat template, as transformers renders it."""
+    def render(self, messages: list, tools: list | None, **options) -> str:
+        """The whole conversation through the tokenizer's chat template, as transformers renders it; `options` go
+        to the template (add_generation_prompt, enable_thinking)."""
         import jinja2
         from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -127,10 +128,17 @@ class Encoder:
             self._template = chat_template(self.tokenizer.tokenizer_path)
         source, specials = self._template
         try:
-            rendered, _ = render_jinja_template([messages], tools=tools, chat_template=source, **specials)
+            rendered, _ = render_jinja_template([messages], tools=tools, chat_template=source, **specials, **options)
         except jinja2.TemplateError as error:
             raise Problem(f"the chat template refused it: {str(error).splitlines()[0]}") from None
         return rendered[0]
+
+    def prompt(self, messages: list, tools: list | None, thinking: bool | None) -> list:
+        """The ids of a conversation to answer, ending in the template's generation prompt: what transformers'
+        `apply_chat_template(..., add_generation_prompt=True, enable_thinking=thinking)` gives (None: the
+        template's default)."""
+        options = {"add_generation_prompt": True, **({} if thinking is None else {"enable_thinking": thinking})}
+        return self.tokenizer.tokenizer.encode(self.render(messages, tools, **options), add_special_tokens=False).ids
 
     def chat(self, messages: list, tools: list | None = None) -> Document:
         text = self.render(messages, tools)

@@ -20,6 +20,7 @@ checked, with the library that reads it:
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
 | dataset | a mix of another form than path:weight,... or of a missing file; a chat template that cannot render the first record (data.render_first); a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation (data.scan, every record) | |
 | validation | no VALIDATION file, a bad record in it, a fraction of a streamed DATASET | |
+| samples | a SAMPLE_PROMPTS record that is no conversation to answer, or too long for the window beside SAMPLE_TOKENS (report/samples.py) | |
 | epochs | STEPS (`--training.steps`) beside EPOCHS, a streamed DATASET; else the line "N epochs = S steps of B sequences" (data.epochs, also for --dry-run) | |
 | checkpoints | a read error other than "not found" | a broken step-N (moved aside on node 0), an unfinished one |
 
@@ -279,6 +280,7 @@ def run(request: dict) -> dict:
         return answer
     from neuron_qwen3 import data, trainer
     from neuron_qwen3.finish import finish
+    from neuron_qwen3.report import samples
     from neuron_qwen3.lora import adapters, folders, footprint
 
     try:
@@ -301,6 +303,11 @@ def run(request: dict) -> dict:
     if problems:
         return answer
     answer["lines"] += finished.lines
+    try:
+        answer["lines"] += samples.before_launch(config)
+    except data.DataError as error:
+        answer["problems"].append(f"SAMPLE_PROMPTS: {error}")
+        return answer
     tuned = finished.lora
     if request.get("print_config"):
         answer["config"] = config.to_dict()

@@ -285,6 +285,7 @@ class RunReport:
             "versions": versions(),
             **({"moe": moe} if moe else {}),  # a dense model: no key
             "data": getattr(trainer, "data_read", None) and trainer.data_read.last,  # report/data_read.py
+            **({"samples": trainer.sampler.stats()} if getattr(trainer, "sampler", None) else {}),  # samples.py
         }
 
 

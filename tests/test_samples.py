@@ -1,0 +1,261 @@
+"""Generation samples while it trains (report/samples.py), proven against transformers' greedy `generate`.
+
+In process: the prompt ids are transformers' `apply_chat_template(..., add_generation_prompt=True,
+enable_thinking=...)`; the greedy loop over a transformers model's logits, in fixed [rows, seq_len] windows,
+gives `generate`'s tokens and stops where it stops; a bad SAMPLE_PROMPTS record is one line naming its line.
+
+Through the launcher (smoke scale, CPU, float32 compute so that no bf16 rounding flips a near tie): at the last
+step, the answers in report/samples.jsonl are, token for token, what transformers' greedy `generate` gives on that
+step's export, for native (2 ranks, validation every 2 steps: samples at 0, 2, 4), v5 with LoRA (the PEFT
+adapter over its base), and nki_moe without and with LoRA (2 ranks, the merged export); every sampling forward
+had one shape, the training window; report/samples.md shows each prompt's answers step by step; a run stopped
+and resumed keeps its samples and goes on; a bad SAMPLE_PROMPTS stops the launch in one line.
+Run: .venv/bin/python -m pytest tests/test_samples.py -q
+"""
+
+import functools
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, rank_logs, worker_env
+
+FP32 = "--training.mixed_precision_param float32"
+TOKENS = 12
+PROMPTS = [
+    {"messages": [{"role": "user", "content": "What is 3 plus 4?"}], "enable_thinking": False},
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a river."},
+                  {"role": "assistant", "content": "The Rhine."}]},  # the trailing answer is left out
+    {"prompt": "Say three words.", "enable_thinking": True},
+]
+
+
+def write(path, rows):
+    Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def smoke_tokenizer():
+    from neuron_qwen3 import config_registry
+
+    return str(config_registry.SMOKE_TOKENIZER)
+
+
+def titan_tokenizer(folder=None):
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    return HuggingFaceTokenizer(tokenizer_path=folder or smoke_tokenizer())
+
+
+def transformers_ids(folder, row):
+    """The prompt as transformers renders and tokenizes it for generation."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    messages = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
+    while messages[-1]["role"] == "assistant":
+        messages = messages[:-1]
+    options = {} if row.get("enable_thinking") is None else {"enable_thinking": row["enable_thinking"]}
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False,
+                                         **options)
+
+
+def greedy(model, ids, stops, tokens=TOKENS):
+    """transformers' greedy answer to `ids`: the new tokens, the stop token kept."""
+    out = model.generate(torch.tensor([ids]), max_new_tokens=tokens, do_sample=False, eos_token_id=sorted(stops),
+                         pad_token_id=0, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    return out[0, len(ids):].tolist()
+
+
+def test_the_prompts_are_transformers_generation_prompts(tmp_path):
+    from neuron_qwen3.report import samples
+
+    path = write(tmp_path / "prompts.jsonl", PROMPTS)
+    found = samples.read_prompts(path, "messages", titan_tokenizer(), room=200)
+    assert [p.ids for p in found] == [transformers_ids(smoke_tokenizer(), row) for row in PROMPTS]
+    assert [p.text for p in found] == ["What is 3 plus 4?", "Name a river.", "Say three words."]
+    assert [p.thinking for p in found] == [False, None, True] and found[1].origin == f"{path}:2"
+
+
+@pytest.mark.parametrize("row, says", [
+    ({"messages": [{"role": "system", "content": "Be brief."}]}, "no user or tool turn to answer"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "enable_thinking": "yes"}, "enable_thinking is not true"),
+    ({"messages": [{"role": "user", "content": "word " * 300}]}, "prompt tokens; the window leaves 200"),
+    ({"text": "plain"}, "DATASET_FIELD='messages'"),
+])
+def test_a_bad_prompt_is_one_line_with_its_line(tmp_path, row, says):
+    from neuron_qwen3.data import DataError
+    from neuron_qwen3.report import samples
+
+    path = write(tmp_path / "prompts.jsonl", [PROMPTS[0], row])
+    with pytest.raises(DataError) as error:
+        samples.read_prompts(path, "messages", titan_tokenizer(), room=200)
+    assert str(error.value).startswith(f"{path}:2: ") and says in str(error.value) and "\n" not in str(error.value)
+
+
+def test_greedy_windows_are_transformers_generate():
+    """A random transformers Qwen3 as the model, attending within each packed document as the trainer's models do:
+    prompts of different lengths packed into windows of two rows (five prompts: two windows), one stopping early
+    at a token it is known to pick; every forward has the window's one shape."""
+    import transformers
+
+    from neuron_qwen3 import config_registry
+    from neuron_qwen3.report import samples
+
+    shape = json.loads((config_registry.HF_MODEL["smoke"] / "config.json").read_text())
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shape)).eval()
+    prompts = [[5, 17, 300, 42], [9] * 11, list(range(100, 120)), [7, 7, 8], list(range(400, 430))]
+    free = greedy(model, prompts[1], set(), tokens=4)
+    stop = free[2]  # the third token it picks: it stops there, or where it picked that token first
+    seen = set()
+
+    def forward(tokens, positions, at):
+        """Each row's documents (where positions restart at 0) through the model on their own: block-causal."""
+        seen.add((tuple(tokens.shape), tuple(at.shape)))
+        logits = torch.zeros(*tokens.shape, shape["vocab_size"])
+        for row in range(tokens.shape[0]):
+            starts = (positions[row] == 0).nonzero().flatten().tolist() + [tokens.shape[1]]
+            for a, b in zip(starts, starts[1:]):
+                logits[row, a:b] = model(input_ids=tokens[row:row + 1, a:b]).logits[0]
+        return logits[at[:, 0], at[:, 1]]
+
+    windows = samples.layout(prompts, rows=2, seq_len=48, new_tokens=TOKENS)
+    # with room for the answers: 16 + 23 in row 0, 32 + 15 in row 1; the fifth (42) needs a second window
+    assert [[(k, row) for k, row, _ in window] for window in windows] == [[(0, 0), (1, 0), (2, 1), (3, 1)], [(4, 0)]]
+    with torch.no_grad():
+        ours = samples.generate(forward, prompts, rows=2, seq_len=48, new_tokens=TOKENS, stops={stop})
+    theirs = [greedy(model, ids, {stop}) for ids in prompts]
+    assert [tokens for tokens, _ in ours] == theirs
+    assert ours[1] == (theirs[1], "end") and len(theirs[1]) == free.index(stop) + 1 < TOKENS
+    assert all(stop_reason == ("end" if tokens[-1] == stop else "length") for tokens, stop_reason in ours)
+    assert seen == {((2, 48), (4, 2))}  # the window, and as many logits read as the fullest window's prompts
+
+
+# ---- through the launcher ------------------------------------------------------------------------------------
+
+
+def launch(tmp, name, **env):
+    """A smoke launch; without SAMPLE_PROMPTS, the smoke config's own (the bundled prompts)."""
+    out = Path(tmp) / f"{name}-out"
+    env = worker_env(**{"SCALE": "smoke", "OUTPUT_DIR": str(out), "CACHE_DIR": f"{tmp}/cache",
+                        "SAMPLE_TOKENS": str(TOKENS), "EXPORT_DTYPE": "float32", "EXPORT_DIR": f"{tmp}/{name}",
+                        "EXTRA_ARGS": FP32, **env})
+    if not env["SAMPLE_PROMPTS"]:  # worker_env's "" turns them off
+        del env["SAMPLE_PROMPTS"]
+    result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True,
+                            timeout=900)
+    return result, out
+
+
+@functools.cache
+def runs(tmp):
+    from test_lora_finetune import save_dense, save_moe
+
+    save_dense(f"{tmp}/dense-source")
+    save_moe(f"{tmp}/moe-source")
+    prompts = write(f"{tmp}/prompts.jsonl", PROMPTS)
+    common = dict(STEPS="4", LR="3e-3")
+    found = {"native": launch(tmp, "native", VARIANT="native", INIT_FROM=f"{tmp}/dense-source", NPROC="2",
+                              VALIDATION="0.1", VALIDATION_INTERVAL="2", **common)}  # the bundled prompts
+    found["v5-lora"] = launch(tmp, "v5-lora", VARIANT="v5", INIT_FROM=f"{tmp}/dense-source", LORA_RANK="4",
+                              SAMPLE_PROMPTS=prompts, **common)
+    moe = dict(VARIANT="nki_moe", INIT_FROM=f"{tmp}/moe-source", SAMPLE_PROMPTS=prompts,
+               CHECKPOINT_DIR=f"{tmp}/moe-checkpoint")
+    found["moe-first"] = launch(tmp, "moe", **moe, **{**common, "STEPS": "2"})  # saved at 2, then resumed to 4
+    first = found["moe-first"][1] / "report" / "samples.jsonl"
+    if first.exists():
+        shutil.copy(first, f"{tmp}/moe-first-samples.jsonl")
+    found["moe"] = launch(tmp, "moe", **moe, **common)
+    found["moe-lora"] = launch(tmp, "moe-lora", VARIANT="nki_moe", INIT_FROM=f"{tmp}/moe-source", NPROC="2",
+                               LORA_RANK="4", EXPORT_MERGED="1", SAMPLE_PROMPTS=prompts, **common)
+    return found
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("samples"))
+    return tmp, runs(tmp)
+
+
+def sampled(done, name):
+    tmp, found = done
+    result, out = found[name]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + rank_logs(out)
+    rows = [json.loads(line) for line in (out / "report" / "samples.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "report" / "summary.json").read_text())
+    return rows, summary, out
+
+
+def exported_model(tmp, name):
+    import transformers
+
+    export = f"{tmp}/{name}"
+    if name == "v5-lora":  # the PEFT adapter folder alone, over its base
+        from peft import PeftModel
+
+        base = transformers.AutoModelForCausalLM.from_pretrained(f"{tmp}/dense-source", torch_dtype=torch.float32)
+        return PeftModel.from_pretrained(base, export).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(export, torch_dtype=torch.float32).eval()
+
+
+@pytest.mark.training
+@pytest.mark.parametrize("name", ["native", "v5-lora", "moe", "moe-lora"])
+def test_the_last_answers_are_transformers_greedy_answers_on_the_export(done, name):
+    from neuron_qwen3 import config_registry
+    from neuron_qwen3.report import samples
+
+    rows, summary, _ = sampled(done, name)
+    tmp = done[0]
+    last = [row for row in rows if row["step"] == 4]
+    path = last[0]["prompt"].rsplit(":", 1)[0]  # the bundled prompts for native
+    assert path == (str(config_registry.SMOKE_PROMPTS) if name == "native" else f"{tmp}/prompts.jsonl")
+    prompts = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    assert [row["prompt"] for row in last] == [f"{path}:{k}" for k in range(1, len(prompts) + 1)]
+    stops = samples.stop_ids(titan_tokenizer())
+    model = exported_model(tmp, name)
+    with torch.no_grad():
+        for row, prompt in zip(last, prompts):
+            assert row["tokens"] == greedy(model, transformers_ids(smoke_tokenizer(), prompt), stops), row
+            assert row["stop"] == ("end" if row["tokens"][-1] in stops else "length")
+    seq_len = summary["batch"]["seq_len"]
+    assert summary["samples"]["shapes"] == [[summary["batch"]["local"], seq_len]]  # one shape: the window's
+
+
+@pytest.mark.training
+def test_samples_come_at_step_0_every_validation_and_after_the_last(done):
+    rows, summary, out = sampled(done, "native")
+    assert [row["step"] for row in rows] == [0] * 3 + [2] * 3 + [4] * 3
+    assert summary["validation"]["steps"] == [1, 2, 4]  # torchtitan validates at step 1 too; samples at 0
+    page = (out / "report" / "samples.md").read_text()
+    assert page.count("| 0 |") == page.count("| 2 |") == page.count("| 4 |") == 3 and "![loss](loss.png)" in page
+    assert [row["answer"] for row in rows[:3]] != [row["answer"] for row in rows[-3:]]  # it trained
+    events = list((out / "tb").rglob("samples/events.out.tfevents.*"))
+    assert events, sorted(str(p) for p in out.rglob("*"))
+
+
+@pytest.mark.training
+def test_a_resumed_run_continues_its_samples(done):
+    """The first launch answered at 0 and after its last step, 2, where it saved; the resumed one keeps those
+    and answers after its own last step, 4."""
+    result, out = done[1]["moe-first"]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + rank_logs(out)
+    first = [json.loads(line) for line in Path(done[0], "moe-first-samples.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in first] == [0] * 3 + [2] * 3
+    rows, _, _ = sampled(done, "moe")
+    assert "checkpoints: resuming from step 2" in done[1]["moe"][0].stdout + done[1]["moe"][0].stderr
+    assert [row["step"] for row in rows] == [0] * 3 + [2] * 3 + [4] * 3 and rows[:6] == first
+
+
+@pytest.mark.training
+def test_a_bad_prompt_file_stops_the_launch_in_one_line(tmp_path):
+    bad = write(tmp_path / "prompts.jsonl", [PROMPTS[0], {"messages": [{"role": "system", "content": "x"}]}])
+    result, _ = launch(tmp_path, "bad", VARIANT="native", SAMPLE_PROMPTS=bad, STEPS="1", EXTRA_ARGS="")
+    assert result.returncode == 2 and "torch.distributed.run" not in result.stdout
+    lines = [line for line in result.stderr.splitlines() if "SAMPLE_PROMPTS" in line]
+    assert lines == [f"entrypoint: SAMPLE_PROMPTS: {bad}:2: no user or tool turn to answer"], result.stderr[-2000:]
