@@ -165,8 +165,10 @@ def test_a_resumed_mix_yields_the_same_windows_and_counts(two):
 
 
 @pytest.mark.training
-def test_a_cached_mix_yields_the_files_windows(two, tmp_path):
-    a, b = two
+def test_a_cached_mix_yields_the_files_windows(tmp_path):
+    """Sources under cache.SERIAL records: the caches are built in this process (a spawned builder's imports
+    would take most of the test)."""
+    a, b = write(tmp_path / "a.jsonl", text_rows("a", 600)), write(tmp_path / "b.jsonl", text_rows("b", 400))
     source = f"{a}:0.25,{b}:0.75"
     files = [(i["input"].tolist(), l.tolist()) for i, l in loader(source, infinite=False)]
     cached = loader(source, infinite=False, cache_dir=str(tmp_path / "cache"))
