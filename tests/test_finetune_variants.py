@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import types
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -207,12 +208,10 @@ def runs(tmp):
         return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
                               text=True, timeout=900)
 
-    return {
-        "tmp": tmp,
-        "moe": launch("moe", VARIANT="nki_moe", INIT_FROM=f"{tmp}/moe-source", STEPS="2", NPROC="2",
-                      EXTRA_ARGS=ZERO_LR),
-        "v5": launch("v5", VARIANT="v5", INIT_FROM=f"{tmp}/dense-source", STEPS="2", EXTRA_ARGS=ZERO_LR),
-    }
+    runs = {"moe": dict(VARIANT="nki_moe", INIT_FROM=f"{tmp}/moe-source", STEPS="2", NPROC="2", EXTRA_ARGS=ZERO_LR),
+            "v5": dict(VARIANT="v5", INIT_FROM=f"{tmp}/dense-source", STEPS="2", EXTRA_ARGS=ZERO_LR)}
+    with ThreadPoolExecutor(2) as pool:  # independent launches, mostly imports on one core
+        return {"tmp": tmp, **dict(zip(runs, pool.map(lambda name: launch(name, **runs[name]), runs)))}
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -90,21 +91,31 @@ def runs(tmp):
         return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
                               text=True, timeout=900)
 
-    done = {"tmp": tmp}
-    done["dense"] = launch("dense", "native", INIT_FROM=f"{tmp}/dense-source", LORA_RANK="4", LORA_ALPHA="16", LR=LR,
-                           STEPS="8", CHECKPOINT_DIR=f"{tmp}/dense-checkpoint", EXPORT_DIR=f"{tmp}/dense",
-                           EXPORT_MERGED="1")
-    done["moe"] = launch("moe", "nki_moe", NPROC="2", INIT_FROM=f"{tmp}/moe-source", LORA_RANK="4", LR=LR,
-                         LORA_TARGETS=MOE_TARGETS, STEPS="6", CHECKPOINT_DIR=f"{tmp}/moe-checkpoint",
-                         EXPORT_DIR=f"{tmp}/moe", EXPORT_MERGED="1")
-    done["v5"] = launch("v5", "v5", INIT_FROM=f"{tmp}/dense-source", LORA_RANK="4", STEPS="6", LR=LR,
-                        CHECKPOINT_DIR=f"{tmp}/v5-checkpoint", EXPORT_DIR=f"{tmp}/v5")
-    done["continue"] = launch("continue", "native", INIT_FROM=f"{tmp}/dense/adapter", STEPS="2",
-                              EXPORT_DIR=f"{tmp}/continue", EXTRA_ARGS=ZERO_LR)
-    shutil.copytree(f"{tmp}/dense-checkpoint", f"{tmp}/other-checkpoint")
-    done["other"] = launch("other", "native", INIT_FROM=f"{tmp}/dense-source2", LORA_RANK="4", LORA_ALPHA="16",
-                           STEPS="10", CHECKPOINT_DIR=f"{tmp}/other-checkpoint", PREFLIGHT="warn")
-    return done
+    def dense():
+        """The dense run, then the two that start from its adapter and its checkpoint."""
+        found = {"dense": launch("dense", "native", INIT_FROM=f"{tmp}/dense-source", LORA_RANK="4", LORA_ALPHA="16",
+                                 LR=LR, STEPS="8", CHECKPOINT_DIR=f"{tmp}/dense-checkpoint", EXPORT_DIR=f"{tmp}/dense",
+                                 EXPORT_MERGED="1")}
+        found["continue"] = launch("continue", "native", INIT_FROM=f"{tmp}/dense/adapter", STEPS="2",
+                                   EXPORT_DIR=f"{tmp}/continue", EXTRA_ARGS=ZERO_LR)
+        shutil.copytree(f"{tmp}/dense-checkpoint", f"{tmp}/other-checkpoint")
+        found["other"] = launch("other", "native", INIT_FROM=f"{tmp}/dense-source2", LORA_RANK="4", LORA_ALPHA="16",
+                                STEPS="10", CHECKPOINT_DIR=f"{tmp}/other-checkpoint", PREFLIGHT="warn")
+        return found
+
+    def moe():
+        return {"moe": launch("moe", "nki_moe", NPROC="2", INIT_FROM=f"{tmp}/moe-source", LORA_RANK="4", LR=LR,
+                              LORA_TARGETS=MOE_TARGETS, STEPS="6", CHECKPOINT_DIR=f"{tmp}/moe-checkpoint",
+                              EXPORT_DIR=f"{tmp}/moe", EXPORT_MERGED="1")}
+
+    def v5():
+        return {"v5": launch("v5", "v5", INIT_FROM=f"{tmp}/dense-source", LORA_RANK="4", STEPS="6", LR=LR,
+                             CHECKPOINT_DIR=f"{tmp}/v5-checkpoint", EXPORT_DIR=f"{tmp}/v5")}
+
+    # two at a time: independent launches, mostly imports on one core
+    with ThreadPoolExecutor(2) as pool:
+        return {"tmp": tmp, **{name: run for found in pool.map(lambda chain: chain(), (dense, moe, v5))
+                               for name, run in found.items()}}
 
 
 @pytest.fixture(scope="module")

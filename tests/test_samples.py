@@ -6,10 +6,11 @@ gives `generate`'s tokens and stops where it stops; a bad SAMPLE_PROMPTS record 
 
 Through the launcher (smoke scale, CPU, float32 compute so that no bf16 rounding flips a near tie): at the last
 step, the answers in report/samples.jsonl are, token for token, what transformers' greedy `generate` gives on that
-step's export, for native (2 ranks, validation every 2 steps: samples at 0, 2, 4), v5 with LoRA (the PEFT
-adapter over its base), and nki_moe without and with LoRA (2 ranks, the merged export); every sampling forward
-had one shape, the training window; report/samples.md shows each prompt's answers step by step; a run stopped
-and resumed keeps its samples and goes on; a bad SAMPLE_PROMPTS stops the launch in one line.
+step's export, for native (the smoke config's bundled prompts, 2 ranks, validation every 2 steps: samples at 0, 2,
+4) and native with LoRA (the merged export), v5 without and with LoRA (the PEFT adapter over its base), nki_moe
+without and with LoRA (2 ranks, the merged export); every sampling forward had one shape, the training window;
+report/samples.md shows each prompt's answers step by step; a run stopped and resumed keeps its samples and goes
+on; a bad SAMPLE_PROMPTS stops the launch in one line.
 Run: .venv/bin/python -m pytest tests/test_samples.py -q
 """
 
@@ -18,6 +19,7 @@ import json
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -155,26 +157,36 @@ def launch(tmp, name, **env):
 
 @functools.cache
 def runs(tmp):
+    """Every launch once, two at a time: they are independent, and most of a launch is imports on one core."""
     from test_lora_finetune import save_dense, save_moe
 
     save_dense(f"{tmp}/dense-source")
     save_moe(f"{tmp}/moe-source")
     prompts = write(f"{tmp}/prompts.jsonl", PROMPTS)
-    common = dict(STEPS="4", LR="3e-3")
-    found = {"native": launch(tmp, "native", VARIANT="native", INIT_FROM=f"{tmp}/dense-source", NPROC="2",
-                              VALIDATION="0.1", VALIDATION_INTERVAL="2", **common)}  # the bundled prompts
-    found["v5-lora"] = launch(tmp, "v5-lora", VARIANT="v5", INIT_FROM=f"{tmp}/dense-source", LORA_RANK="4",
-                              SAMPLE_PROMPTS=prompts, **common)
-    moe = dict(VARIANT="nki_moe", INIT_FROM=f"{tmp}/moe-source", SAMPLE_PROMPTS=prompts,
-               CHECKPOINT_DIR=f"{tmp}/moe-checkpoint")
-    found["moe-first"] = launch(tmp, "moe", **moe, **{**common, "STEPS": "2"})  # saved at 2, then resumed to 4
-    first = found["moe-first"][1] / "report" / "samples.jsonl"
-    if first.exists():
-        shutil.copy(first, f"{tmp}/moe-first-samples.jsonl")
-    found["moe"] = launch(tmp, "moe", **moe, **common)
-    found["moe-lora"] = launch(tmp, "moe-lora", VARIANT="nki_moe", INIT_FROM=f"{tmp}/moe-source", NPROC="2",
-                               LORA_RANK="4", EXPORT_MERGED="1", SAMPLE_PROMPTS=prompts, **common)
-    return found
+    common = dict(STEPS="4", LR="3e-3", SAMPLE_PROMPTS=prompts)
+    dense, moe = dict(INIT_FROM=f"{tmp}/dense-source"), dict(INIT_FROM=f"{tmp}/moe-source")
+
+    def resumed():
+        """nki_moe: 2 steps saved, then resumed to 4 in the same OUTPUT_DIR; the first launch's samples kept."""
+        kept = dict(VARIANT="nki_moe", CHECKPOINT_DIR=f"{tmp}/moe-checkpoint", **moe)
+        first = launch(tmp, "moe", **kept, **{**common, "STEPS": "2"})
+        if (first[1] / "report" / "samples.jsonl").exists():
+            shutil.copy(first[1] / "report" / "samples.jsonl", f"{tmp}/moe-first-samples.jsonl")
+        return {"moe-first": first, "moe": launch(tmp, "moe", **kept, **common)}
+
+    chains = [
+        lambda: {"native": launch(tmp, "native", VARIANT="native", NPROC="2", VALIDATION="0.1",  # bundled prompts
+                                  VALIDATION_INTERVAL="2", **dense, **{**common, "SAMPLE_PROMPTS": ""})},
+        resumed,
+        lambda: {"moe-lora": launch(tmp, "moe-lora", VARIANT="nki_moe", NPROC="2", LORA_RANK="4",
+                                    EXPORT_MERGED="1", **moe, **common)},
+        lambda: {"native-lora": launch(tmp, "native-lora", VARIANT="native", LORA_RANK="4", EXPORT_MERGED="1",
+                                       **dense, **common)},
+        lambda: {"v5": launch(tmp, "v5", VARIANT="v5", **dense, **common)},
+        lambda: {"v5-lora": launch(tmp, "v5-lora", VARIANT="v5", LORA_RANK="4", **dense, **common)},
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        return {name: run for found in pool.map(lambda chain: chain(), chains) for name, run in found.items()}
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +217,7 @@ def exported_model(tmp, name):
 
 
 @pytest.mark.training
-@pytest.mark.parametrize("name", ["native", "v5-lora", "moe", "moe-lora"])
+@pytest.mark.parametrize("name", ["native", "native-lora", "v5", "v5-lora", "moe", "moe-lora"])
 def test_the_last_answers_are_transformers_greedy_answers_on_the_export(done, name):
     from neuron_qwen3 import config_registry
     from neuron_qwen3.report import samples
