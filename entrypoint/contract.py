@@ -9,8 +9,8 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
 
-from entrypoint.values import (IDENTIFIER, WORD, UsageError, choice, comma_list, core_list, dataset, decimal, host, integer,
-                               keep_count, lnc, local_ranks, matching, module_name, node_list, non_negative_int,
+from entrypoint.values import (IDENTIFIER, WORD, UsageError, choice, comma_list, core_list, dataset, decimal, host,
+                               integer, keep_count, lnc, local_ranks, matching, module_name, node_list, non_negative_int,
                                path, port, positive_int, procs_per_node, qwen3_id, seconds, shell_words, switch,
                                text, validation, word)
 from entrypoint.variants import DEFAULT_VARIANT, RECIPE_MODULE, SCALES, VARIANTS

@@ -25,7 +25,8 @@ OWNED_FLAGS = {"module": "MODULE", "config": "CONFIG (or VARIANT and SCALE)", "d
 # Variables whose flags depend on other settings: built by the functions below, not passed as they are.
 BUILT = ("CHECKPOINT_INTERVAL", "CHECKPOINT_KEEP", "ASSETS_DIR", "OUTPUT_DIR", "CONFIG", "MODULE", "WANDB_MODE")
 TOKEN_CACHE = "tokens"  # CACHE_DIR/tokens: the data's token cache, shared by every variant (no compiled graphs)
-PATHS = ("EXPORT_DIR", "DATASET", "VALIDATION", "SAMPLE_PROMPTS")  # made absolute (data when a local path): workers start elsewhere
+# Made absolute (data when a local path): workers start elsewhere.
+PATHS = ("EXPORT_DIR", "DATASET", "VALIDATION", "SAMPLE_PROMPTS")
 
 
 @dataclass(frozen=True)

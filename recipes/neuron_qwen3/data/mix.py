@@ -148,7 +148,8 @@ class Order(records.Order):
         self.sources = sources
 
     def signature(self) -> list:
-        return [f"{os.path.basename(name)}:{weight:g}" for name, weight in zip(self.sources.names, self.sources.weights)]
+        names, weights = self.sources.names, self.sources.weights
+        return [f"{os.path.basename(name)}:{weight:g}" for name, weight in zip(names, weights)]
 
     def drawn(self, k: int, epoch: int) -> np.ndarray:
         """Source k's records of `epoch`: positions [epoch * c, (epoch + 1) * c) of its stream of passes."""
