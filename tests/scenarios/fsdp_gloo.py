@@ -11,6 +11,8 @@ import torch.distributed as dist
 import torchtitan.experiments.transformers_modeling_backend.parallelize as hf_parallelize
 from torch.distributed.fsdp import fully_shard
 
+from neuron_qwen3.run import teardown
+
 if sys.argv[1] == "patched":
     from neuron_qwen3.quirks import cpu_adapter
 
@@ -23,4 +25,4 @@ fully_shard(model)
 hf_parallelize.disable_fsdp_gradient_division(model)  # the copy a parallelize module imported by name
 model(torch.randn(4, 8)).sum().backward()
 print(f"grad ok rank={dist.get_rank()}")
-dist.destroy_process_group()
+teardown.destroy_process_groups()  # and the FSDP state's reference cycle, which holds the group (teardown.py)

@@ -27,6 +27,7 @@ from torchtitan.config.override import apply_overrides
 from neuron_qwen3 import config_registry
 from neuron_qwen3.hf import load, weights
 from neuron_qwen3.quirks import hf_rope_fix
+from neuron_qwen3.run import teardown
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -110,4 +111,4 @@ for variant in ("native", "nki_moe", "v5"):
 linear = torch.nn.Linear(6, 4)
 linear.weight = torch.nn.Parameter(distribute_tensor(linear.weight.detach(), mesh, [Shard(1)]))
 say(f"rank {rank} columns {'loaded' if load.load([linear], adapter, sys.argv[1]) else 'refused'}")
-dist.destroy_process_group()
+teardown.destroy_process_groups()  # and the FSDP states' reference cycles, which hold the group (teardown.py)

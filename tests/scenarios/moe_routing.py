@@ -30,6 +30,7 @@ from neuron_qwen3 import config_registry, shapes
 from neuron_qwen3.finish import NKI_EXPERTS
 from neuron_qwen3.hf import weights
 from neuron_qwen3.moe.experts import NKIGroupedExperts
+from neuron_qwen3.run import teardown
 
 # tests/real_width_recipes.py's SHAPE (2 layers of 8 experts, top 2, at 30B-A3B's width) on the smoke vocabulary:
 # the routers see the real width; the vocabulary only sizes the embedding and lm_head
@@ -111,8 +112,7 @@ def main() -> None:
     if rank == 0:
         torch.save(grads, Path(out, "grads.pt"))
     trainer.close()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    teardown.destroy_process_groups()  # and the FSDP states' reference cycles, which hold the group (teardown.py)
     print(f"moe_routing done rank={rank}", flush=True)
 
 

@@ -15,6 +15,7 @@ from torch.distributed.fsdp import fully_shard
 
 from neuron_qwen3 import config_registry
 from neuron_qwen3.hf import weights, write
+from neuron_qwen3.run import teardown
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -62,4 +63,4 @@ if rank == 0 and sys.argv[1] == "ok":
             found.update(load_file(os.path.join(sys.argv[2], name)))
     same = sorted(found) == sorted(want) and all(torch.equal(found[k], want[k]) for k in want)
     say("same weights" if same else "different weights")
-dist.destroy_process_group()
+teardown.destroy_process_groups()  # and the FSDP states' reference cycles, which hold the group (teardown.py)
