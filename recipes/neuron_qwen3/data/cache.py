@@ -109,6 +109,10 @@ class Tokens:
         return {"hit": self.hit, "prepare_s": round(self.seconds, 3), "built_s": self.built_s, "folder": self.folder}
 
 
+class Uncached(Exception):
+    """A source the cache does not keep (preference pairs: two documents a record), read as a table instead."""
+
+
 def prepare(cache_dir: str, source: str, field: str, train_on: str, folder: str, processes: int = 0) -> Tokens:
     """The cache of local table `source` tokenized with the tokenizer of `folder`: opened when complete (a hit),
     else built here or, when another process holds the lock, waited for. A bad record raises its DataError."""
@@ -181,6 +185,9 @@ def build(final: str, source: str, field: str, train_on: str, folder: str, proce
     began = time.perf_counter()
     table = records.local_table(source)
     kind, count = dataset.kind_of(table.record(0), field, table.origin(0)), len(table)
+    if kind == "pair":
+        raise Uncached(f"{source}: preference pairs are tokenized as they are read (the cache keeps one document a "
+                       "record)")
     processes = processes or (1 if count < SERIAL else len(os.sched_getaffinity(0)))
     chunk = chunk or min(CHUNK[1], max(CHUNK[0], -(-count // (8 * processes))))
     spans = [(k, start, min(start + chunk, count)) for k, start in enumerate(range(0, count, chunk))]

@@ -22,7 +22,9 @@ def _short(value) -> str:
 
 
 def kind(record: dict, field: str) -> str:
-    """'text' or 'chat', from one record."""
+    """'text', 'chat' or 'pair' (a preference pair: chosen and rejected, data/pairs.py), from one record."""
+    if "chosen" in record and "rejected" in record:
+        return "pair"
     value = record.get(field)
     if isinstance(value, str):
         return "text"

@@ -10,34 +10,41 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import logger
 
-from neuron_qwen3.data import conversations
+from neuron_qwen3.data import conversations, pairs
 from neuron_qwen3.data.conversations import Problem
 from neuron_qwen3.data.packing import Packer, fit
 from neuron_qwen3.data.records import DataError
 from neuron_qwen3.data.tokens import Document, Encoder
 
-COUNTS = ("records", "turns", "tokens_trained", "tokens_masked", "truncated", "split", "tokens_cut")
+COUNTS = ("records", "turns", "tokens_trained", "tokens_masked", "truncated", "split", "dropped", "tokens_cut")
 LOGGED_CUTS = 3  # conversations cut that are named in the log; every one is counted
 
 
 def kind_of(record: dict, field: str, origin: str) -> str:
-    """'text' or 'chat', from a source's first record (found at `origin`)."""
+    """'text', 'chat' or 'pair', from a source's first record (found at `origin`)."""
     try:
         return conversations.kind(record, field)
     except Problem as problem:
         raise DataError(f"{origin}: {problem}") from None
 
 
-def tokenize(record: dict, kind: str, field: str, encoder: Encoder) -> Document:
-    """The record's document: what the token cache keeps (data/cache.py), as it does not depend on seq_len."""
+def tokenize(record: dict, kind: str, field: str, encoder: Encoder) -> Document | tuple:
+    """The record's document (a pair's two): what the token cache keeps (data/cache.py), as it does not depend
+    on seq_len."""
     if kind == "text":
         return encoder.text(conversations.text(record, field))
+    if kind == "pair":
+        return pairs.encode(pairs.pair(record), encoder)
     return encoder.chat(*conversations.conversation(record, field))
 
 
-def pieces(doc: Document, kind: str, seq_len: int) -> tuple[list, str | None]:
+def pieces(doc: Document | tuple, kind: str, seq_len: int) -> tuple[list, str | None]:
     """The window-sized documents a record's document becomes and how it was cut: text flows from window to
-    window as it is, a conversation is fit to one."""
+    window as it is, a conversation is fit to one, a preference pair goes whole into one window or is dropped
+    (cut, its chosen and rejected would not be the answers compared)."""
+    if kind == "pair":
+        fits = sum(len(d.labels) for d in doc) <= seq_len
+        return (list(doc), None) if fits else ([], "dropped")
     return ([doc], None) if kind == "text" else fit(doc, seq_len)
 
 
@@ -61,15 +68,16 @@ def without_real(window):
 
 
 def count(counts: dict, doc, docs: list, cut: str | None) -> None:
+    whole = doc if isinstance(doc, tuple) else (doc,)  # a pair's two documents
     kept = sum(len(d.labels) for d in docs)
     trained = sum(d.trained for d in docs)
     counts["records"] += 1
-    counts["turns"] += doc.messages
+    counts["turns"] += sum(d.messages for d in whole)
     counts["tokens_trained"] += trained
     counts["tokens_masked"] += kept - trained
     if cut:
         counts[cut] += 1
-        counts["tokens_cut"] += len(doc.labels) - kept
+        counts["tokens_cut"] += sum(len(d.labels) for d in whole) - kept
 
 
 class PackedDataset(IterableDataset, Stateful):
@@ -80,7 +88,7 @@ class PackedDataset(IterableDataset, Stateful):
                  infinite: bool, epochs: int = 0, tokens=None):
         self.reader, self.kind, self.field, self.encoder, self.tokens = reader, kind, field, encoder, tokens
         self.seq_len, self.pad_id, self.infinite, self.epochs = seq_len, pad_id, infinite, epochs
-        self.packer = Packer(seq_len, pad_id, whole=kind == "chat")
+        self.packer = Packer(seq_len, pad_id, whole=kind != "text")
         self.counts = dict.fromkeys(COUNTS, 0)
         self.sources = getattr(getattr(reader, "table", None), "sources", None)  # a mix's (data/mix.py)
         self.by_source = [[0, 0] for _ in self.sources.names] if self.sources else None  # records, tokens trained
@@ -96,8 +104,9 @@ class PackedDataset(IterableDataset, Stateful):
                 continue
             item = self.reader.next()
             if item is not None:
-                for doc in self._documents(*item):
-                    self.packer.push(doc)
+                docs = self._documents(*item)
+                for k, doc in enumerate(docs):  # a pair: the rejected goes in the chosen's window
+                    self.packer.push(doc, room=sum(len(d.labels) for d in docs[k + 1:]) if self.kind == "pair" else 0)
                 continue
             window = self.packer.flush()  # the epoch ends with the rest of its data, padded
             if window is not None:
@@ -119,11 +128,13 @@ class PackedDataset(IterableDataset, Stateful):
             mine = self.by_source[self.sources.of(i)]
             mine[0] += 1
             mine[1] += sum(d.trained for d in docs)
-        if cut and self.counts["truncated"] + self.counts["split"] <= LOGGED_CUTS:
-            how = "truncated at a turn boundary" if cut == "truncated" else "split (no turn boundary fits)"
-            logger.warning(f"{self.reader.origin(i)}: {len(doc.ids)} tokens, longer than seq_len {self.seq_len}: "
-                           f"{how}; {self.counts['truncated']} truncated and {self.counts['split']} split so far "
-                           "(all are counted in each epoch's summary)")
+        if cut and self.counts["truncated"] + self.counts["split"] + self.counts["dropped"] <= LOGGED_CUTS:
+            how = {"truncated": "truncated at a turn boundary", "split": "split (no turn boundary fits)",
+                   "dropped": "the pair dropped"}[cut]
+            size = sum(len(d.labels) for d in doc) if isinstance(doc, tuple) else len(doc.ids)
+            logger.warning(f"{self.reader.origin(i)}: {size} tokens, longer than seq_len {self.seq_len}: {how}; "
+                           f"{self.counts['truncated']} truncated, {self.counts['split']} split and "
+                           f"{self.counts['dropped']} pairs dropped so far (all are counted in each epoch's summary)")
         return docs
 
     def _log_epoch(self) -> None:
@@ -131,7 +142,7 @@ class PackedDataset(IterableDataset, Stateful):
         logger.info(f"data: epoch {self.reader.epoch} read: {c['records']} records, {c['turns']} turns, "
                     f"{c['tokens_trained']} tokens trained, {c['tokens_masked']} masked, {self.packer.padding} "
                     f"padding; longer than seq_len {self.seq_len}: {c['truncated']} truncated at a turn boundary, "
-                    f"{c['split']} split ({c['tokens_cut']} tokens left out)")
+                    f"{c['split']} split, {c['dropped']} pairs dropped ({c['tokens_cut']} tokens left out)")
 
     def stats(self) -> dict:
         """What this rank has read; a mix's also by source ({path: {records, tokens_trained}})."""

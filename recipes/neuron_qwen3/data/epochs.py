@@ -53,7 +53,8 @@ def plan(config, dp: int) -> Plan:
     per = label_counts(table, indices, kind, config)
     per_rank = global_batch(config.training, dp) // dp
     counts = tuple(sum(windows([per[i] for i in mix.order(table, indices, loader.seed, rank, dp).epoch(e).tolist()],
-                               seq_len, kind == "chat") for e in range(loader.epochs)) for rank in range(dp))
+                               seq_len, kind != "text", kind == "pair") for e in range(loader.epochs))
+                   for rank in range(dp))
     return Plan(loader.epochs, max(-(-count // per_rank) for count in counts), global_batch(config.training, dp),
                 counts, table.stats() if isinstance(table, CACHED) else None)
 

@@ -38,10 +38,10 @@ def open_source(source: str, config, folder: str) -> tuple:
         opened = [local_source(part.path, config, folder) for part in parts]
         kinds = {part.path: kind for part, (_, kind) in zip(parts, opened)}
         if len(set(kinds.values())) > 1:
-            raise DataError(f"DATASET={source!r} mixes text and conversations ("
+            raise DataError(f"DATASET={source!r} mixes kinds of records ("
                             + ", ".join(f"{path}: {kind}" for path, kind in kinds.items()) + "): mix one kind")
         tables = [table for table, _ in opened]
-        both = mix.Cached(parts, tables) if config.cache_dir else mix.Table(parts, tables)
+        both = mix.Cached(parts, tables) if isinstance(tables[0], CACHED) else mix.Table(parts, tables)
         return both, opened[0][1]
     if records.is_local(source):
         return local_source(source, config, folder)
@@ -60,11 +60,15 @@ def local_source(source: str, config, folder: str) -> tuple:
     if not os.path.exists(source):
         raise DataError(f"{source}: does not exist")
     if config.cache_dir:
-        tokens = cache.prepare(config.cache_dir, source, config.field, config.train_on, folder)
-        logger.info(f"data: token cache {tokens.folder}: " + (
-            "found" if tokens.hit else f"built in {tokens.seconds:.1f} s on {len(tokens.writers)} process"
-            + "es" * (len(tokens.writers) > 1)))
-        return tokens, tokens.kind
+        try:
+            tokens = cache.prepare(config.cache_dir, source, config.field, config.train_on, folder)
+        except cache.Uncached as why:
+            logger.info(f"data: {why}")
+        else:
+            logger.info(f"data: token cache {tokens.folder}: " + (
+                "found" if tokens.hit else f"built in {tokens.seconds:.1f} s on {len(tokens.writers)} process"
+                + "es" * (len(tokens.writers) > 1)))
+            return tokens, tokens.kind
     table = records.local_table(source)
     return table, kind_of(table.record(0), config.field, table.origin(0))
 

@@ -31,13 +31,15 @@ def fit(doc: Document, seq_len: int) -> tuple[list, str | None]:
     return [piece for piece in pieces if piece.trained], "split"
 
 
-def windows(lengths: list, seq_len: int, whole: bool) -> int:
+def windows(lengths: list, seq_len: int, whole: bool, together: bool = False) -> int:
     """How many windows a Packer makes of one epoch, from label counts alone (`lengths`: each record's documents'
-    `len(labels)`, in reading order): the same pushes, pads and pops as Packer and PackedDataset, no tokens."""
+    `len(labels)`, in reading order; `together`: a record's documents share a window, as a preference pair's):
+    the same pushes, pads and pops as Packer and PackedDataset, no tokens."""
     made = buffered = 0
     for docs in lengths:
-        for n in docs:
-            if whole and buffered and buffered + n > seq_len:
+        for k, n in enumerate(docs):
+            room, filled = (sum(docs[k + 1:]) if together else 0), buffered % seq_len
+            if whole and filled and filled + n + room > seq_len:
                 buffered += -buffered % seq_len
             buffered += n
         made, buffered = made + buffered // seq_len, buffered % seq_len
@@ -53,8 +55,10 @@ class Packer:
         self.padding = 0
         self.pad_from = []  # where each pad run in the buffer begins and ends (a window's tail, or a whole window)
 
-    def push(self, doc: Document) -> None:
-        if self.whole and self.inputs and len(self.inputs) + len(doc.labels) > self.seq_len:
+    def push(self, doc: Document, room: int = 0) -> None:
+        """`room`: positions the next documents need in the same window (a preference pair's rejected)."""
+        filled = len(self.inputs) % self.seq_len  # a record's earlier documents may have filled whole windows
+        if self.whole and filled and filled + len(doc.labels) + room > self.seq_len:
             self._pad()
         self.inputs += doc.ids[:-1]
         self.labels += doc.labels

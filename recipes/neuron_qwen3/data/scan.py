@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from neuron_qwen3.data import conversations
+from neuron_qwen3.data import conversations, pairs
 from neuron_qwen3.data.conversations import Problem
 from neuron_qwen3.data.dataset import COUNTS, count, documents
 from neuron_qwen3.data.records import DataError, local_table
@@ -12,6 +12,7 @@ from neuron_qwen3.data.tokens import Encoder
 @dataclass
 class Scan:
     problem: str | None  # the first problem, one line naming the file and the line or row; None: none
+    kind: str | None = None  # text, chat or pair, from the first record
     counts: dict = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))  # what was read up to it
 
 
@@ -27,13 +28,16 @@ def scan(path: str, field: str = "text", train_on: str = "assistant", tokenizer_
         encoder = Encoder(HuggingFaceTokenizer(tokenizer_path=tokenizer_folder), train_on)
     try:
         table = local_table(path)
-        found = None
         for i in range(len(table)):
             record = table.record(i)
             try:
-                found = found or conversations.kind(record, field)
+                result.kind = result.kind or conversations.kind(record, field)
+                found = result.kind
                 if encoder:
                     count(result.counts, *documents(record, found, field, encoder, seq_len))
+                elif found == "pair":
+                    pairs.pair(record)
+                    result.counts["records"] += 1
                 elif found == "chat":
                     turns = len(conversations.conversation(record, field)[0])
                     result.counts["records"] += 1
@@ -71,3 +75,11 @@ def render_first(path: str, field: str, train_on: str, tokenizer_folder: str) ->
     except Problem as problem:
         return f"{table.origin(0)}: {problem} (the chat template of {tokenizer_folder})"
     return None
+
+
+def method_problem(dpo: bool, kind: str | None, path: str) -> str | None:
+    """The data's kind against METHOD: preference pairs train with dpo, and only they do."""
+    if kind is None or dpo == (kind == "pair"):
+        return None
+    return (f"DATASET: {path} holds {kind} records; METHOD=dpo trains on preference pairs (prompt, chosen, rejected)"
+            if dpo else f"DATASET: {path} holds preference pairs (chosen, rejected): train them with METHOD=dpo")
