@@ -97,6 +97,18 @@ VARS = (
         "MoE: the coefficient of the router z-loss (ST-MoE); default: 0", flag="--moe.z_loss"),
     Var("MOE_ROUTER", None, choice("train", "freeze"), "MoE: freeze keeps every router at INIT_FROM's weights, out "
         "of the optimizer; default: train", flag="--moe.router"),
+    Var("METHOD", "sft", choice("sft", "dpo"), "sft: train on the data's tokens; dpo: on preference pairs (TRL's "
+        "prompt/chosen/rejected records) against a reference model", flag="--preference.method"),
+    Var("DPO_BETA", None, decimal("a positive number, like 0.1", 0, float("inf")), "DPO: how far the policy may move "
+        "from the reference (TRL's beta); default: 0.1", flag="--preference.beta"),
+    Var("DPO_LOSS", None, choice("sigmoid", "ipo"), "DPO: sigmoid (DPO) or ipo, as TRL computes them; default: "
+        "sigmoid", flag="--preference.loss"),
+    Var("DPO_SFT_WEIGHT", None, decimal("a number from 0, like 1", 0, float("inf"), from_low=True), "DPO: the "
+        "weight of an SFT term on the chosen completions (RPO; TRL's `sft` loss beside `sigmoid`); default: 0",
+        flag="--preference.sft_weight"),
+    Var("DPO_REFERENCE", None, path, "DPO: the reference model, a Hugging Face folder of the policy's "
+        "architecture (TRL's ref_model); default: with LoRA the base (adapters off), else INIT_FROM's weights",
+        flag="--preference.reference"),
     Var("DATASET", None, dataset, "training data; default: the config's (c4 at full scale, the bundled corpus at "
         "smoke); local files are read offline; a mix draws each epoch's records from its sources by weight",
         flag="--dataloader.source"),

@@ -83,7 +83,7 @@ BAD = [("VARIANT", "foo"), ("VARIANT", ""), ("SCALE", "huge"), ("COMPILE", "mayb
 # Variables whose value is free text (paths, ids, tokens, shell words): passed as one argv word, never to a shell.
 FREE_TEXT = {"EXTRA_ARGS", "INIT_FROM", "EXPORT_DIR", "DATASET", "WANDB_MODE", "WANDB_API_KEY", "ASSETS_DIR",
              "OUTPUT_DIR", "CACHE_DIR", "CHECKPOINT_DIR", "CUDA_VISIBLE_DEVICES", "HF_TOKEN", "NEURON_CC_FLAGS",
-             "VALIDATION", "SAMPLE_PROMPTS"}
+             "VALIDATION", "SAMPLE_PROMPTS", "DPO_REFERENCE"}
 HOSTILE = ["$(reboot)", "1;reboot", "`id`", "1\n2", "", "\x00", "../../etc/passwd", "1 --training.steps=9"]
 
 

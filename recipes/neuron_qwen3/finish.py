@@ -100,6 +100,29 @@ def configure_router(config) -> None:
         spec.parallelize_fn = routing.wrap_parallelize(spec.parallelize_fn)
 
 
+def configure_preference(config, lora) -> str | None:
+    """METHOD=dpo: the reference resolved (DPO_REFERENCE; else with LoRA the base, adapters off; else INIT_FROM's
+    folder, frozen) and the line that says so; None under SFT."""
+    settings = config.preference
+    if settings.method != "dpo":
+        return None
+    if not 0 < settings.beta < math.inf:
+        raise ValueError(f"--preference.beta={settings.beta} is not a positive number")
+    if not 0 <= settings.sft_weight < math.inf:
+        raise ValueError(f"--preference.sft_weight={settings.sft_weight} is not a weight from 0")
+    if config.training.seq_len % 2:
+        raise ValueError(f"--training.seq_len={config.training.seq_len}: DPO packs pairs into windows of an even "
+                         "length")
+    if not settings.reference and not lora:
+        if not (config.checkpoint.initial_load_in_hf and config.checkpoint.initial_load_path):
+            raise ValueError("METHOD=dpo needs a reference model: INIT_FROM (its weights, frozen), LORA_RANK (the "
+                             "base with the adapters off) or DPO_REFERENCE (a model folder)")
+        settings.reference = config.checkpoint.initial_load_path
+    return (f"dpo: {settings.loss} loss, beta {settings.beta:g}"
+            + (f", SFT term x {settings.sft_weight:g}" if settings.sft_weight else "") + ", reference "
+            + (settings.reference or "the base model (LoRA adapters off)"))
+
+
 def data_parallel(config, world: int) -> int:
     """The data-parallel degree of `config.parallelism` on `world` ranks, as torchtitan's Trainer derives it."""
     from torchtitan.distributed import ParallelDims
@@ -120,6 +143,8 @@ def finish(config, world: int, kind: str) -> Finished:
     if done.lora:
         adapters.attach(config, done.lora)  # adapters in before parallelize_fn, the base frozen after it
     configure_router(config)  # after resolve: INIT_FROM is then the base model's folder
+    preference = configure_preference(config, done.lora)  # after resolve too
+    done.lines += [preference] if preference else []
     if isinstance(config.dataloader, data.DataLoader.Config):
         config.dataloader.tokenizer_folder = data.tokenizer_of(config)  # the chat template of the model trained
         configure_validation(config)

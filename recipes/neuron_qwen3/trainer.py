@@ -24,6 +24,7 @@ from neuron_qwen3.finish import finish
 from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import folders, footprint
 from neuron_qwen3.moe import routing
+from neuron_qwen3.preference import attach as preference_attach
 from neuron_qwen3.quirks import devices, titan_logs
 from neuron_qwen3.report import data_read, run_report, samples
 from neuron_qwen3.run import divergence, same_config, stop, teardown
@@ -73,6 +74,23 @@ class Moe:
     """MOE_Z_LOSS: the coefficient of the router z-loss (ST-MoE)."""
     router: Literal["train", "freeze"] = "train"
     """MOE_ROUTER: freeze keeps every router's weights as loaded (INIT_FROM), out of the optimizer."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Preference:
+    method: Literal["sft", "dpo"] = "sft"
+    """METHOD: sft trains on the data's tokens; dpo on preference pairs (chosen and rejected, data/pairs.py) against
+    a reference model (preference/)."""
+    beta: float = 0.1
+    """DPO_BETA: how far the policy may move from the reference (TRL's beta)."""
+    loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    """DPO_LOSS: sigmoid (DPO) or ipo (IPO, each side's log-ratio averaged over its tokens), as TRL computes them."""
+    sft_weight: float = 0.0
+    """DPO_SFT_WEIGHT: the weight of an SFT term beside the DPO loss, the chosen completions' mean token NLL (TRL's
+    "sft" loss type beside "sigmoid": RPO); 0: none."""
+    reference: str = ""
+    """DPO_REFERENCE: a Hugging Face folder of the policy's architecture (TRL's ref_model), frozen and sharded as
+    the policy; empty: with LoRA the base (the adapters off, no second copy), else INIT_FROM's folder (finish.py)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -146,6 +164,7 @@ class RunSettings:
     lora: Lora = field(default_factory=Lora)
     moe: Moe = field(default_factory=Moe)
     neuron: Neuron = field(default_factory=Neuron)
+    preference: Preference = field(default_factory=Preference)
     report: Report = field(default_factory=Report)
     samples: Samples = field(default_factory=Samples)
     stop: Stop = field(default_factory=Stop)
@@ -182,6 +201,10 @@ class RunHooks(Trainer):
         self.loss_watch = divergence.attach(self)
         self.stop_watch.join(config.comm)
         self.first_step = None
+        try:
+            self.preference = preference_attach.attach(self)  # METHOD=dpo: the loss, before the router's joins it
+        except data.DataError as error:
+            raise fail_on_data(error) from None
         self.router_watch = routing.attach(self)  # MoE: the router losses and the experts' load (moe/routing.py)
         self.data_read = data_read.attach(self)  # what the data gave, over the ranks (report/data_read.py)
         try:
@@ -230,11 +253,15 @@ class RunHooks(Trainer):
             self.validator.validate(self.model_parts, step)
 
     def post_dataloading_process(self, input_dict, labels):
-        """torchtitan's, less the window's `real` marks, which tell the MoE router watch the tokens that count."""
+        """torchtitan's, less the window's `real` marks, which tell the MoE router watch the tokens that count;
+        with DPO, the reference's pass on the micro-step (before the router watch records the policy's)."""
         real = input_dict.pop("real", None)
+        inputs, labels, extra = super().post_dataloading_process(input_dict, labels)
+        if self.preference is not None:
+            self.preference.reference_pass(inputs, labels, extra)
         if self.router_watch is not None:
             self.router_watch.start(real)
-        return super().post_dataloading_process(input_dict, labels)
+        return inputs, labels, extra
 
     def batch_generator(self, data_iterable):
         """torchtitan's, with a bad record met while training as its one line and exit 2."""

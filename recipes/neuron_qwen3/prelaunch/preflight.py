@@ -15,10 +15,10 @@ checked, with the library that reads it:
 | batch | BATCH_SIZE not a multiple of local batch x data-parallel ranks, degrees that do not fit the ranks | |
 | config | MODEL of another family than the variant, or no released Qwen3 | |
 | memory | | the sharded weights, gradients and Adam state take over 60 % of a rank's device memory |
-| init_from | no model folder, no weights, another architecture or shape than the run trains | a complete checkpoint wins (not with LoRA) |
+| init_from | no model folder, no weights, another architecture or shape than the run trains (DPO_REFERENCE too) | a complete checkpoint wins (not with LoRA) |
 | lora | no INIT_FROM, a target the model lacks, TP/EP/PP, an adapter INIT_FROM's base or settings, another base | |
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
-| dataset | a mix of another form than path:weight,... or of a missing file; a chat template that cannot render the first record (data.render_first); a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation (data.scan, every record) | |
+| dataset | a mix of another form than path:weight,... or of a missing file; a chat template that cannot render the first record (data.render_first); a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation or pair (data.scan, every record); pairs without METHOD=dpo, or dpo without them | |
 | validation | no VALIDATION file, a bad record in it, a fraction of a streamed DATASET | |
 | samples | a SAMPLE_PROMPTS record that is no conversation to answer, or too long for the window beside SAMPLE_TOKENS (report/samples.py) | |
 | epochs | STEPS (`--training.steps`) beside EPOCHS, a streamed DATASET; else the line "N epochs = S steps of B sequences" (data.epochs, also for --dry-run) | |
@@ -194,33 +194,38 @@ def init_from(config, shape: shapes.Shape | None, resume_step) -> tuple[list, li
     if resume_step is not None:
         return [], [f"INIT_FROM is ignored: {config.checkpoint.folder} holds a complete checkpoint (step "
                     f"{resume_step}), and the run resumes from it"]
+    return hf_folder("INIT_FROM", source, shape), []
+
+
+def hf_folder(name: str, source: str, shape: shapes.Shape | None) -> list:
+    """Problems of a Hugging Face model folder that the run loads as a model of `shape` (`name`: the variable)."""
     from safetensors import SafetensorError, safe_open
     from transformers import AutoConfig
 
     if not os.path.isdir(source):
-        return [f"INIT_FROM={source!r}: no such folder"], []
+        return [f"{name}={source!r}: no such folder"]
     try:
         found = AutoConfig.from_pretrained(source)
-        weights = sorted(name for name in os.listdir(source) if name.endswith(".safetensors"))
+        weights = sorted(file for file in os.listdir(source) if file.endswith(".safetensors"))
         if not weights:
-            return [f"INIT_FROM={source!r}: {source} has no *.safetensors weights"], []
-        for name in weights:
-            with safe_open(os.path.join(source, name), "pt"):
+            return [f"{name}={source!r}: {source} has no *.safetensors weights"]
+        for file in weights:
+            with safe_open(os.path.join(source, file), "pt"):
                 pass
     except (OSError, ValueError, SafetensorError) as error:  # no or bad config.json, a bad safetensors header
-        return [f"INIT_FROM={source!r}: {str(error).strip().splitlines()[0]}"], []
+        return [f"{name}={source!r}: {str(error).strip().splitlines()[0]}"]
     if shape is None:
-        return [], []
+        return []
     trained = shapes.hf_config(shape)
     try:
         have = shapes.hf_config(shapes.of_model_config(found))
     except AttributeError:  # not a Qwen3 config: no such attribute
         have = {}
     have["model_type"] = found.model_type
-    for name in SHAPE_FIELDS:
-        if name in trained and have.get(name) != trained[name]:
-            return [f"INIT_FROM={source!r} has {name}={have.get(name)!r} but the run trains {name}={trained[name]!r}"], []
-    return [], []
+    for field in SHAPE_FIELDS:
+        if field in trained and have.get(field) != trained[field]:
+            return [f"{name}={source!r} has {field}={have.get(field)!r} but the run trains {field}={trained[field]!r}"]
+    return []
 
 
 def export(config, parameters: int | None) -> list:
@@ -339,6 +344,9 @@ def run(request: dict) -> dict:
                                if resume is not None else
                                f"checkpoints: none complete in {config.checkpoint.folder}: starting at step 0")
     problems, warnings = init_from(config, shape, None if tuned else resume)  # LoRA loads its base every start
+    reference = getattr(getattr(config, "preference", None), "reference", "")  # finish.py resolved it
+    if reference and reference != config.checkpoint.initial_load_path:
+        problems += hf_folder("DPO_REFERENCE", reference, shape)
     if tuned and resume is not None and not problems:
         problems = folders.check_resume_base(os.path.join(config.checkpoint.folder, f"step-{resume}"),
                                              config.checkpoint.initial_load_path)
@@ -347,8 +355,10 @@ def run(request: dict) -> dict:
     answer["warnings"] += warnings
     for path in data.mix.local_paths(getattr(config.dataloader, "source", "")) or ():
         found = data.scan(path, config.dataloader.field)  # every record read as the workers read it (formats)
-        if found.problem:
-            answer["problems"].append(f"DATASET: {found.problem}")
+        dpo = getattr(getattr(config, "preference", None), "method", "sft") == "dpo"
+        problem = f"DATASET: {found.problem}" if found.problem else data.method_problem(dpo, found.kind, path)
+        if problem:
+            answer["problems"].append(problem)
         else:
             answer["lines"].append(f"dataset: {found.counts['records']} records" + (
                 f", {found.counts['turns']} turns" if found.counts["turns"] else "") + f" in {path}")

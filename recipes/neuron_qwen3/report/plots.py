@@ -1,5 +1,5 @@
 """The report's plots (matplotlib, headless Agg): loss curves with their smoothing, throughput with the warm-up,
-a MoE run's tokens per expert.
+a MoE run's tokens per expert, a DPO run's rewards and preference accuracy.
 
 Kept apart from run_report.py so the comparison tool draws the same plots without importing torch.
 """
@@ -89,5 +89,26 @@ def plot_experts(tokens: list, step: int, path: Path) -> None:
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_locator(MaxNLocator(integer=True))
     fig.colorbar(image, ax=ax, label="tokens routed (all ranks)")
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_preference(records: list, path: Path, validation: list = ()) -> None:
+    """METHOD=dpo: the rewards of the chosen and the rejected completions and their margin (left axis), the
+    preference accuracy (right axis), per logged step; the held-out pairs' accuracy beside it."""
+    plt, fig, ax = _figure("DPO rewards and preference accuracy", "reward (beta x log-ratio)")
+    steps = [r["step"] for r in records]
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/margins"):
+        ax.plot(steps, [r["dpo"][key] for r in records], marker=".", label=key)
+    right = ax.twinx()
+    right.set_ylabel("preference accuracy")
+    right.set_ylim(-0.05, 1.05)
+    right.plot(steps, [r["dpo"]["rewards/accuracies"] for r in records], color="black", alpha=0.4, marker=".",
+               label="accuracy (training pairs)")
+    if validation:
+        right.plot([v["step"] for v in validation], [v["dpo"]["rewards/accuracies"] for v in validation],
+                   color="black", marker="o", label="accuracy (held-out pairs)")
+    lines = [line for axis in (ax, right) for line in axis.get_lines()]
+    ax.legend(lines, [line.get_label() for line in lines], loc="best")
     fig.savefig(path)
     plt.close(fig)

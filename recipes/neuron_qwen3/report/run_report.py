@@ -1,5 +1,5 @@
-"""Every run's report in $OUTPUT_DIR/report/: metrics.jsonl, summary.json, loss.png, throughput.png, and on a
-MoE model experts.png.
+"""Every run's report in $OUTPUT_DIR/report/: metrics.jsonl, summary.json, loss.png, throughput.png, on a MoE
+model experts.png, with METHOD=dpo dpo.png.
 
 metrics.jsonl holds one line per logged training step and, with VALIDATION, one `validation_loss` line per
 validation (the validator's mean over the whole validation set); loss.png draws both. On a MoE model each step's
@@ -7,6 +7,9 @@ line also holds the experts' load over the logging interval (`moe`, from moe/rou
 expert summed over the ranks, max/mean and router entropy per layer, the NKI experts' block padding, the router
 losses) and, when the interval is that step alone, its cross-entropy apart (`loss_ce`: torchtitan's loss holds
 the router losses); summary.json's `moe` is the last interval's worst layer, experts.png its tokens per expert.
+With METHOD=dpo each step's line, and each validation line, also holds `dpo`: the means over the pairs of the
+DPO loss, the rewards (chosen, rejected, margin), the preference accuracy and the log-probabilities, and the SFT
+term (preference/dpo.py); summary.json's `dpo` is the last logged step's, dpo.png draws them.
 summary.json's `data` is what the data gave up to the last logged step, over every rank (data_read.py): records,
 tokens trained, masked and padding, a mix's records and tokens by source, and the token cache's hit and time.
 
@@ -38,7 +41,7 @@ from torchtitan.tools.logging import logger
 from neuron_qwen3 import shapes
 from neuron_qwen3.quirks import devices
 from neuron_qwen3.report import flops
-from neuron_qwen3.report.plots import plot_experts, plot_loss, plot_throughput
+from neuron_qwen3.report.plots import plot_experts, plot_loss, plot_preference, plot_throughput
 
 FOLDER = "report"
 WARMUP_STEPS = 2  # steps left out of the steady state: the first builds the graphs (and compiles, COMPILE=1)
@@ -73,6 +76,12 @@ def record_of(metrics: dict, step: int, steps_since_last: int, world_size: int, 
         "memory_gib": metrics["memory/max_reserved(GiB)"],
         "tokens_seen": metrics.get("n_tokens_seen"),
     }
+
+
+def _dpo(metrics: dict, prefix: str) -> dict:
+    """METHOD=dpo: {"dpo": the means over the pairs (preference/dpo.py)}, or {}."""
+    found = {key[len(prefix):]: value for key, value in metrics.items() if key.startswith(prefix)}
+    return {"dpo": found} if found else {}
 
 
 def moe_record(load: dict) -> dict:
@@ -147,8 +156,8 @@ class ReportLogger(BaseLogger):
 
     def log(self, metrics, step):
         if "validation_metrics/loss" in metrics:  # the validator's: the mean loss over the validation set
-            self._write({"step": step, "time": time.time(), "validation_loss": metrics["validation_metrics/loss"]},
-                        self.validations)
+            record = {"step": step, "time": time.time(), "validation_loss": metrics["validation_metrics/loss"]}
+            self._write({**record, **_dpo(metrics, "validation_metrics/dpo/")}, self.validations)
             return
         if "loss_metrics/global_avg_loss" not in metrics:
             return
@@ -160,6 +169,7 @@ class ReportLogger(BaseLogger):
             record["moe"] = moe_record(load)
             if since == 1:  # else the load's losses are the interval's means, the loss the last step's alone
                 record["loss_ce"] = loss_ce(record["loss"], load, self.router.aux_coef, self.router.z_coef)
+        record.update(_dpo(metrics, "dpo/"))
         self.last_step = step
         self._write(record, self.records)
         now = self.clock()
@@ -235,6 +245,9 @@ class RunReport:
         if records:
             plot_loss(records, self.folder / "loss.png", validation=self.backend.validations)
             plot_throughput(records, WARMUP_STEPS, self.folder / "throughput.png")
+        pairs = [r for r in records if "dpo" in r]
+        if pairs:
+            plot_preference(pairs, self.folder / "dpo.png", [v for v in self.backend.validations if "dpo" in v])
         last = last_moe(records)
         if last is not None:
             tokens = [layer["tokens"] for layer in last["moe"]["layers"]]
@@ -284,6 +297,7 @@ class RunReport:
             "wall_s": now - self.launched,
             "versions": versions(),
             **({"moe": moe} if moe else {}),  # a dense model: no key
+            **({"dpo": dpo[-1]["dpo"]} if (dpo := [r for r in records if "dpo" in r]) else {}),  # the last logged
             "data": getattr(trainer, "data_read", None) and trainer.data_read.last,  # report/data_read.py
             **({"samples": trainer.sampler.stats()} if getattr(trainer, "sampler", None) else {}),  # samples.py
         }
