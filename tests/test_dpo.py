@@ -1,0 +1,225 @@
+"""METHOD=dpo through the launcher on CPU, against TRL's DPOTrainer, and learning a rule from preference pairs.
+
+Runs, two at a time (independent launches, mostly imports on one core):
+  native, v5:  INIT_FROM a random Qwen3ForCausalLM, DPO_REFERENCE another (seed 1), 4 pairs, EPOCHS=2 (2 steps
+               of the same 4 pairs), LR 1e-3 without warm-up or weight decay, float32
+  nki_moe:     the same with Qwen3MoeForCausalLM folders, NPROC=2 (FSDP: the loss is the global batch's mean)
+  lora-off, lora-copy: LORA_RANK=8, 3 steps, the reference the base with the adapters off (the default) or a
+               frozen copy of INIT_FROM (DPO_REFERENCE=INIT_FROM)
+  learn:       parity pairs ("Is 4 even?" chosen yes, rejected no; 0-9), 40 steps, LR 3e-3, VALIDATION on a held-out file,
+               checkpoints every 20 steps, a float32 export
+  resume:      the learn run's checkpoint of step 20 alone, run again to step 40
+TRL (tests/scenarios/trl_dpo.py) runs on the same folders, pairs and optimizer settings in a fresh interpreter.
+Run: .venv/bin/python -m pytest tests/test_dpo.py -q
+"""
+
+import functools
+import json
+import random
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from conftest import REPO, SCENARIOS, worker_env
+from qwen_size import SMOKE_TOKENIZER
+
+pytestmark = pytest.mark.training
+BETA, LR = 0.1, 1e-3
+AS_TRL = "--training.mixed_precision_param float32 --optimizer.param_groups.0.optimizer_kwargs.weight_decay 0"
+PAIRS = [  # each fits the nki_moe smoke window (128) alone, two fit the dense one (256)
+    ([{"role": "system", "content": "Answer with one word."}, {"role": "user", "content": "Say the word: apple"}],
+     "apple", "river"),
+    ([{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"},
+      {"role": "user", "content": "And 4 + 4?"}], "8", "It is nine."),
+    ([{"role": "user", "content": "Name a colour."}], "Blue, like the sky.", "stone"),
+    ([{"role": "user", "content": "Is ice cold?"}], "Yes.", "No, it is warm."),
+]
+
+
+def pair(prompt, chosen, rejected) -> dict:
+    return {"prompt": prompt, "chosen": [{"role": "assistant", "content": chosen}],
+            "rejected": [{"role": "assistant", "content": rejected}]}
+
+
+def parity(n: int) -> dict:
+    right, wrong = ("yes", "no") if n % 2 == 0 else ("no", "yes")
+    return pair([{"role": "user", "content": f"Is {n} even?"}], right, wrong)
+
+
+def write(path, records) -> str:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return str(path)
+
+
+def save(folder, seed, moe=False):
+    import transformers
+
+    from neuron_qwen3 import config_registry
+    from neuron_qwen3.hf import weights
+
+    if moe:
+        config = config_registry.nki_moe_qwen3_smoke()
+        config.checkpoint.initial_load_in_hf = True
+        weights.hf_compatible(config)
+        hf = transformers.Qwen3MoeConfig(**weights.native_hf_config(config.model_spec.model, {}))
+    else:
+        hf = transformers.Qwen3Config(**json.loads((config_registry.HF_MODEL["smoke"] / "config.json").read_text()))
+    torch.manual_seed(seed)
+    (transformers.Qwen3MoeForCausalLM if moe else transformers.Qwen3ForCausalLM)(hf).save_pretrained(folder)
+    return str(folder)
+
+
+def launch(tmp, name, **env):
+    env = worker_env(SCALE="smoke", METHOD="dpo", OUTPUT_DIR=str(tmp / name), **env)
+    return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=900)
+
+
+def trl(policy, reference, pairs):
+    result = subprocess.run([sys.executable, str(SCENARIOS / "trl_dpo.py"), policy, reference, pairs,
+                             str(SMOKE_TOKENIZER), str(BETA), str(LR), "sigmoid"], env=worker_env(), cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def records(tmp, name) -> list:
+    return [json.loads(line) for line in (tmp / name / "report" / "metrics.jsonl").read_text().splitlines()]
+
+
+@functools.cache
+def runs(tmp):
+    folders = {"dense": save(tmp / "dense", 0), "dense-ref": save(tmp / "dense-ref", 1),
+               "moe": save(tmp / "moe", 0, moe=True), "moe-ref": save(tmp / "moe-ref", 1, moe=True)}
+    pairs = write(tmp / "pairs.jsonl", [pair(*p) for p in PAIRS])
+    rng = random.Random(0)
+    train = write(tmp / "parity.jsonl", [parity(rng.randrange(10)) for _ in range(360)])
+    held_out = write(tmp / "held-out.jsonl", [parity(rng.randrange(10)) for _ in range(40)])
+    as_trl = dict(DATASET=pairs, EPOCHS="2", WARMUP_STEPS="0", LR=str(LR), DPO_BETA=str(BETA), EXTRA_ARGS=AS_TRL)
+    lora = dict(VARIANT="native", INIT_FROM=folders["dense"], LORA_RANK="8", DATASET=pairs, STEPS="3", LR="1e-2",
+                WARMUP_STEPS="0")
+    learn = dict(VARIANT="native", INIT_FROM=folders["dense"], DATASET=train, VALIDATION=held_out,
+                 VALIDATION_INTERVAL="20", STEPS="40", LR="3e-3", WARMUP_STEPS="0", CHECKPOINT_INTERVAL="20",
+                 CHECKPOINT_KEEP="0", EXPORT_DTYPE="float32")
+    launches = {
+        "native": dict(VARIANT="native", INIT_FROM=folders["dense"], DPO_REFERENCE=folders["dense-ref"], **as_trl),
+        "v5": dict(VARIANT="v5", INIT_FROM=folders["dense"], DPO_REFERENCE=folders["dense-ref"], **as_trl),
+        "nki_moe": dict(VARIANT="nki_moe", NPROC="2", INIT_FROM=folders["moe"], DPO_REFERENCE=folders["moe-ref"],
+                        **as_trl),
+        "lora-off": lora,
+        "lora-copy": dict(lora, DPO_REFERENCE=folders["dense"], EXPORT_DIR=str(tmp / "lora-export")),
+        "learn": dict(learn, CHECKPOINT_DIR=str(tmp / "learn-checkpoint"), EXPORT_DIR=str(tmp / "learn-export")),
+    }
+    with ThreadPoolExecutor(2) as pool:
+        done = dict(zip(launches, pool.map(lambda name: launch(tmp, name, **launches[name]), launches)))
+        theirs = dict(zip(("dense", "moe"), pool.map(lambda kind: trl(folders[kind], folders[f"{kind}-ref"], pairs),
+                                                    ("dense", "moe"))))
+    shutil.copytree(tmp / "learn-checkpoint", tmp / "resume-checkpoint",
+                    ignore=lambda folder, names: [name for name in names if name == "step-40"])
+    done["resume"] = launch(tmp, "resume", **dict(learn, CHECKPOINT_DIR=str(tmp / "resume-checkpoint"),
+                                                  EXPORT_DIR=str(tmp / "resume-export")))
+    return {"tmp": tmp, "runs": done, "trl": theirs, "held_out": held_out}
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    return runs(tmp_path_factory.mktemp("dpo"))
+
+
+@pytest.mark.parametrize("name", ["native", "v5", "nki_moe", "lora-off", "lora-copy", "learn", "resume"])
+def test_runs_finish(done, name):
+    result = done["runs"][name]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("variant", ["native", "v5", "nki_moe"])
+def test_step_0_and_one_step_later_are_trls(done, variant):
+    """Step 1's metrics are TRL's before any update (the reference differs from the policy, so the loss is not
+    ln 2 by construction); step 2 trains the same 4 pairs again, after one AdamW step on both sides. nki_moe's
+    loss holds Qwen3-MoE's load-balancing term (INIT_FROM's router_aux_loss_coef, 0.001), as TRL's does."""
+    first, second = records(done["tmp"], variant)
+    theirs = done["trl"]["moe" if variant == "nki_moe" else "dense"]
+    assert first["dpo"]["pairs"] == second["dpo"]["pairs"] == len(PAIRS)  # every pair in each step
+    assert theirs["aux"] == (variant == "nki_moe")
+    assert first["loss"] == pytest.approx(theirs["step0"]["loss"], rel=1e-5)
+    for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "logps/chosen", "logps/rejected"):
+        assert first["dpo"][name] == pytest.approx(theirs["step0"][name], rel=1e-5), name
+    scale = max(abs(theirs["step0"]["rewards/chosen"]), abs(theirs["step0"]["rewards/rejected"]))
+    assert first["dpo"]["rewards/margins"] == pytest.approx(theirs["step0"]["rewards/margins"], abs=1e-5 * scale)
+    assert abs(second["loss"] - first["loss"]) > 0.1  # the step moved the policy
+    assert second["loss"] == pytest.approx(theirs["step1_loss"], rel=1e-4)
+
+
+def test_lora_with_the_adapters_off_trains_as_with_a_frozen_copy_of_the_base(done):
+    """The adapters-off reference is the base: the same losses, step for step, as a second, frozen copy of
+    INIT_FROM's weights; the export is a PEFT adapter folder, as after SFT."""
+    off, copy = records(done["tmp"], "lora-off"), records(done["tmp"], "lora-copy")
+    assert [r["step"] for r in off] == [r["step"] for r in copy] == [1, 2, 3]
+    assert off[0]["dpo"]["rewards/chosen"] == 0.0  # B = 0 at the start: the policy is the base
+    assert off[-1]["dpo"]["rewards/margins"] != 0.0  # and then it moved
+    for ours, theirs in zip(off, copy):
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-6)
+        assert ours["dpo"]["rewards/margins"] == pytest.approx(theirs["dpo"]["rewards/margins"], rel=1e-5, abs=1e-7)
+    assert "reference the base model (LoRA adapters off)" in done["runs"]["lora-off"].stdout
+    exported = sorted(path.name for path in (done["tmp"] / "lora-export").iterdir())
+    assert "adapter_config.json" in exported and "adapter_model.safetensors" in exported
+
+
+def test_held_out_pair_accuracy_rises_from_chance_to_90_percent(done):
+    validations = [r for r in records(done["tmp"], "learn") if "validation_loss" in r]
+    accuracy = {r["step"]: r["dpo"]["rewards/accuracies"] for r in validations}
+    assert sorted(accuracy) == [1, 20, 40] and all(r["dpo"]["pairs"] == 40 for r in validations)
+    assert accuracy[1] <= 0.75 and accuracy[40] >= 0.9, accuracy
+    summary = json.loads((done["tmp"] / "learn" / "report" / "summary.json").read_text())
+    assert summary["dpo"]["pairs"] > 0 and (done["tmp"] / "learn" / "report" / "dpo.png").stat().st_size > 0
+
+
+def test_the_served_export_prefers_the_chosen_answers_of_held_out_pairs(done):
+    """In transformers, the export gives the chosen completion of held-out pairs a higher log-probability than
+    the rejected one, where INIT_FROM did not."""
+    from transformers import AutoModelForCausalLM
+
+    from neuron_qwen3.data import pairs
+    from neuron_qwen3.data.tokens import Encoder
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    encoder = Encoder(HuggingFaceTokenizer(tokenizer_path=str(SMOKE_TOKENIZER)))
+    held_out = [json.loads(line) for line in open(done["held_out"])]
+
+    def preferred(folder) -> float:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        wins = 0
+        for record in held_out:
+            sums = []
+            for doc in pairs.encode(pairs.pair(record), encoder):
+                labels = torch.tensor(doc.labels)
+                with torch.no_grad():
+                    logps = model(torch.tensor([doc.ids[:-1]])).logits[0].log_softmax(-1)
+                counted = labels != -100
+                sums.append(logps[counted].gather(-1, labels[counted, None]).sum())
+            wins += sums[0] > sums[1]
+        return wins / len(held_out)
+
+    assert preferred(str(done["tmp"] / "dense")) <= 0.75
+    assert preferred(str(done["tmp"] / "learn-export")) >= 0.9
+
+
+def test_a_resumed_run_trains_the_same_steps_bit_for_bit(done):
+    """The learn run's checkpoint of step 20, resumed: steps 21-40's losses, the held-out metrics at step 40 and
+    the export are the uninterrupted run's exactly (the reference is reloaded; nothing of DPO is lost)."""
+    from safetensors.torch import load_file
+
+    first = {r["step"]: r for r in records(done["tmp"], "learn") if "loss" in r}  # the training steps' lines
+    again = {r["step"]: r for r in records(done["tmp"], "resume") if "loss" in r}
+    steps = sorted(again)
+    assert steps == list(range(21, 41))
+    assert all(again[step]["loss"] == first[step]["loss"] for step in steps)
+    assert [r for r in records(done["tmp"], "resume") if "validation_loss" in r][-1]["dpo"] == \
+        [r for r in records(done["tmp"], "learn") if "validation_loss" in r][-1]["dpo"]
+    ours, theirs = load_file(done["tmp"] / "resume-export" / "model.safetensors"), \
+        load_file(done["tmp"] / "learn-export" / "model.safetensors")
+    assert sorted(ours) == sorted(theirs) and all(torch.equal(ours[key], theirs[key]) for key in ours)
