@@ -112,16 +112,23 @@ def runs(tmp):
                         **as_trl),
         "lora-off": lora,
         "lora-copy": dict(lora, DPO_REFERENCE=folders["dense"], EXPORT_DIR=str(tmp / "lora-export")),
-        "learn": dict(learn, CHECKPOINT_DIR=str(tmp / "learn-checkpoint"), EXPORT_DIR=str(tmp / "learn-export")),
     }
-    with ThreadPoolExecutor(2) as pool:
-        done = dict(zip(launches, pool.map(lambda name: launch(tmp, name, **launches[name]), launches)))
-        theirs = dict(zip(("dense", "moe"), pool.map(lambda kind: trl(folders[kind], folders[f"{kind}-ref"], pairs),
-                                                    ("dense", "moe"))))
-    shutil.copytree(tmp / "learn-checkpoint", tmp / "resume-checkpoint",
-                    ignore=lambda folder, names: [name for name in names if name == "step-40"])
-    done["resume"] = launch(tmp, "resume", **dict(learn, CHECKPOINT_DIR=str(tmp / "resume-checkpoint"),
-                                                  EXPORT_DIR=str(tmp / "resume-export")))
+
+    def learn_then_resume():
+        first = launch(tmp, "learn", **learn, CHECKPOINT_DIR=str(tmp / "learn-checkpoint"),
+                       EXPORT_DIR=str(tmp / "learn-export"))
+        shutil.copytree(tmp / "learn-checkpoint", tmp / "resume-checkpoint",
+                        ignore=lambda folder, names: [name for name in names if name == "step-40"])
+        return first, launch(tmp, "resume", **learn, CHECKPOINT_DIR=str(tmp / "resume-checkpoint"),
+                             EXPORT_DIR=str(tmp / "resume-export"))
+
+    with ThreadPoolExecutor(2) as pool:  # the longest job first
+        chained = pool.submit(learn_then_resume)
+        theirs = {kind: pool.submit(trl, folders[kind], folders[f"{kind}-ref"], pairs) for kind in ("dense", "moe")}
+        done = {name: pool.submit(launch, tmp, name, **env) for name, env in launches.items()}
+        done = {name: future.result() for name, future in done.items()}
+        done["learn"], done["resume"] = chained.result()
+        theirs = {kind: future.result() for kind, future in theirs.items()}
     return {"tmp": tmp, "runs": done, "trl": theirs, "held_out": held_out}
 
 
