@@ -106,6 +106,9 @@ VARS = (
     Var("DPO_SFT_WEIGHT", None, decimal("a number from 0, like 1", 0, float("inf"), from_low=True), "DPO: the "
         "weight of an SFT term on the chosen completions (RPO; TRL's `sft` loss beside `sigmoid`); default: 0",
         flag="--preference.sft_weight"),
+    Var("DPO_PRECOMPUTE_REF", "0", switch, "DPO: the reference's log-probabilities of every pair in one pass at "
+        "the first step, then looked up: no reference forward per step, a frozen reference freed",
+        flag="--preference.precompute"),
     Var("DPO_REFERENCE", None, path, "DPO: the reference model, a Hugging Face folder of the policy's "
         "architecture (TRL's ref_model); default: with LoRA the base (adapters off), else INIT_FROM's weights",
         flag="--preference.reference"),

@@ -26,7 +26,7 @@ OWNED_FLAGS = {"module": "MODULE", "config": "CONFIG (or VARIANT and SCALE)", "d
 BUILT = ("CHECKPOINT_INTERVAL", "CHECKPOINT_KEEP", "ASSETS_DIR", "OUTPUT_DIR", "CONFIG", "MODULE", "WANDB_MODE")
 TOKEN_CACHE = "tokens"  # CACHE_DIR/tokens: the data's token cache, shared by every variant (no compiled graphs)
 # Made absolute (data when a local path): workers start elsewhere.
-PATHS = ("EXPORT_DIR", "DATASET", "VALIDATION", "SAMPLE_PROMPTS")
+PATHS = ("EXPORT_DIR", "DATASET", "VALIDATION", "SAMPLE_PROMPTS", "DPO_REFERENCE")
 
 
 @dataclass(frozen=True)

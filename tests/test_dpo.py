@@ -3,9 +3,10 @@
 Runs, two at a time (independent launches, mostly imports on one core):
   native, v5:  INIT_FROM a random Qwen3ForCausalLM, DPO_REFERENCE another (seed 1), 4 pairs, EPOCHS=2 (2 steps
                of the same 4 pairs), LR 1e-3 without warm-up or weight decay, float32
-  nki_moe:     the same with Qwen3MoeForCausalLM folders, NPROC=2 (FSDP: the loss is the global batch's mean)
+  nki_moe:     the same with Qwen3MoeForCausalLM folders, NPROC=2 (FSDP: the loss is the global batch's mean), and
+               the same pairs as VALIDATION; nki_moe-precomputed: the same with DPO_PRECOMPUTE_REF=1
   lora-off, lora-copy: LORA_RANK=8, 3 steps, the reference the base with the adapters off (the default) or a
-               frozen copy of INIT_FROM (DPO_REFERENCE=INIT_FROM)
+               frozen copy of INIT_FROM (DPO_REFERENCE=INIT_FROM); lora-precomputed: the first, DPO_PRECOMPUTE_REF=1
   learn:       parity pairs ("Is 4 even?" chosen yes, rejected no; 0-9), 40 steps, LR 3e-3, VALIDATION on a held-out file,
                checkpoints every 20 steps, a float32 export
   resume:      the learn run's checkpoint of step 20 alone, run again to step 40
@@ -109,8 +110,11 @@ def runs(tmp):
         "native": dict(VARIANT="native", INIT_FROM=folders["dense"], DPO_REFERENCE=folders["dense-ref"], **as_trl),
         "v5": dict(VARIANT="v5", INIT_FROM=folders["dense"], DPO_REFERENCE=folders["dense-ref"], **as_trl),
         "nki_moe": dict(VARIANT="nki_moe", NPROC="2", INIT_FROM=folders["moe"], DPO_REFERENCE=folders["moe-ref"],
-                        **as_trl),
+                        VALIDATION=pairs, **as_trl),
+        "nki_moe-precomputed": dict(VARIANT="nki_moe", NPROC="2", INIT_FROM=folders["moe"],
+                                    DPO_REFERENCE=folders["moe-ref"], VALIDATION=pairs, DPO_PRECOMPUTE_REF="1", **as_trl),
         "lora-off": lora,
+        "lora-precomputed": dict(lora, DPO_PRECOMPUTE_REF="1"),
         "lora-copy": dict(lora, DPO_REFERENCE=folders["dense"], EXPORT_DIR=str(tmp / "lora-export")),
     }
 
@@ -137,7 +141,8 @@ def done(tmp_path_factory):
     return runs(tmp_path_factory.mktemp("dpo"))
 
 
-@pytest.mark.parametrize("name", ["native", "v5", "nki_moe", "lora-off", "lora-copy", "learn", "resume"])
+@pytest.mark.parametrize("name", ["native", "v5", "nki_moe", "nki_moe-precomputed", "lora-off", "lora-copy",
+                                  "lora-precomputed", "learn", "resume"])
 def test_runs_finish(done, name):
     result = done["runs"][name]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -148,7 +153,7 @@ def test_step_0_and_one_step_later_are_trls(done, variant):
     """Step 1's metrics are TRL's before any update (the reference differs from the policy, so the loss is not
     ln 2 by construction); step 2 trains the same 4 pairs again, after one AdamW step on both sides. nki_moe's
     loss holds Qwen3-MoE's load-balancing term (INIT_FROM's router_aux_loss_coef, 0.001), as TRL's does."""
-    first, second = records(done["tmp"], variant)
+    first, second = [r for r in records(done["tmp"], variant) if "loss" in r]  # the training steps' lines
     theirs = done["trl"]["moe" if variant == "nki_moe" else "dense"]
     assert first["dpo"]["pairs"] == second["dpo"]["pairs"] == len(PAIRS)  # every pair in each step
     assert theirs["aux"] == (variant == "nki_moe")
@@ -174,6 +179,19 @@ def test_lora_with_the_adapters_off_trains_as_with_a_frozen_copy_of_the_base(don
     assert "reference the base model (LoRA adapters off)" in done["runs"]["lora-off"].stdout
     exported = sorted(path.name for path in (done["tmp"] / "lora-export").iterdir())
     assert "adapter_config.json" in exported and "adapter_model.safetensors" in exported
+
+
+@pytest.mark.parametrize("live,precomputed", [("nki_moe", "nki_moe-precomputed"), ("lora-off", "lora-precomputed")])
+def test_a_precomputed_reference_trains_and_validates_as_the_live_one(done, live, precomputed):
+    """DPO_PRECOMPUTE_REF=1: the reference's sums of every pair from one pass before the first step (2 ranks, each
+    its share; the validation table too), looked up by record: the same losses and held-out metrics."""
+    ours, theirs = records(done["tmp"], precomputed), records(done["tmp"], live)
+    assert [r["step"] for r in ours] == [r["step"] for r in theirs] and len(ours) >= 3
+    for a, b in zip(ours, theirs):
+        assert a.get("loss", a.get("validation_loss")) == pytest.approx(b.get("loss", b.get("validation_loss")),
+                                                                        rel=1e-6)
+        assert a["dpo"]["rewards/margins"] == pytest.approx(b["dpo"]["rewards/margins"], rel=1e-5, abs=1e-6)
+    assert "computed in one pass at the first step" in done["runs"][precomputed].stdout
 
 
 def test_held_out_pair_accuracy_rises_from_chance_to_90_percent(done):

@@ -197,7 +197,7 @@ def packed(records, encoder, seq_len=256):
 
 def our_metrics(records, encoder, policy, reference, beta, kind, sft_weight):
     """The project's DPO (preference/dpo.py) on the packed rows, each document's logits from its own forward."""
-    from neuron_qwen3.preference.dpo import Dpo
+    from neuron_qwen3.preference.dpo import Dpo, pair_sums, token_logps
 
     rows = packed(records, encoder)
     seq_len = len(rows[0][0])
@@ -212,8 +212,8 @@ def our_metrics(records, encoder, policy, reference, beta, kind, sft_weight):
 
     labels = torch.tensor([r[0] for r in rows])
     positions = torch.tensor([r[1] for r in rows])
-    frozen = types.SimpleNamespace(token_logps=lambda inputs, labels, extra: __import__(
-        "neuron_qwen3.preference.dpo", fromlist=["x"]).token_logps(logits(reference), labels))
+    frozen = types.SimpleNamespace(sums=lambda inputs, labels, extra, records: pair_sums(
+        token_logps(logits(reference), labels), labels, extra["positions"])[0])  # as reference.Frozen's
     loss = Dpo(policy, frozen, beta, kind, sft_weight, accumulation=1)
     with torch.no_grad():
         loss.reference_pass(None, labels, {"positions": positions})

@@ -120,7 +120,8 @@ def configure_preference(config, lora) -> str | None:
         settings.reference = config.checkpoint.initial_load_path
     return (f"dpo: {settings.loss} loss, beta {settings.beta:g}"
             + (f", SFT term x {settings.sft_weight:g}" if settings.sft_weight else "") + ", reference "
-            + (settings.reference or "the base model (LoRA adapters off)"))
+            + (settings.reference or "the base model (LoRA adapters off)")
+            + (", its log-probabilities computed in one pass at the first step" if settings.precompute else ""))
 
 
 def data_parallel(config, world: int) -> int:

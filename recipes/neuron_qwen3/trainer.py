@@ -88,6 +88,10 @@ class Preference:
     sft_weight: float = 0.0
     """DPO_SFT_WEIGHT: the weight of an SFT term beside the DPO loss, the chosen completions' mean token NLL (TRL's
     "sft" loss type beside "sigmoid": RPO); 0: none."""
+    precompute: Annotated[bool, tyro.conf.FlagConversionOff] = False
+    """DPO_PRECOMPUTE_REF: the reference's log-probabilities of every pair computed in one pass at the first step
+    (every start), then looked up: no reference forward per step, and a frozen reference's weights freed (TRL's
+    precompute_ref_log_probs)."""
     reference: str = ""
     """DPO_REFERENCE: a Hugging Face folder of the policy's architecture (TRL's ref_model), frozen and sharded as
     the policy; empty: with LoRA the base (the adapters off, no second copy), else INIT_FROM's folder (finish.py)."""
@@ -253,12 +257,13 @@ class RunHooks(Trainer):
             self.validator.validate(self.model_parts, step)
 
     def post_dataloading_process(self, input_dict, labels):
-        """torchtitan's, less the window's `real` marks, which tell the MoE router watch the tokens that count;
-        with DPO, the reference's pass on the micro-step (before the router watch records the policy's)."""
-        real = input_dict.pop("real", None)
+        """torchtitan's, less the window's `real` marks, which tell the MoE router watch the tokens that count, and
+        a pairs window's `record`s; with DPO, the reference's pass on the micro-step (before the router watch
+        records the policy's)."""
+        real, records = input_dict.pop("real", None), input_dict.pop("record", None)
         inputs, labels, extra = super().post_dataloading_process(input_dict, labels)
         if self.preference is not None:
-            self.preference.reference_pass(inputs, labels, extra)
+            self.preference.reference_pass(inputs, labels, extra, records)
         if self.router_watch is not None:
             self.router_watch.start(real)
         return inputs, labels, extra

@@ -54,11 +54,14 @@ def documents(record: dict, kind: str, field: str, encoder: Encoder, seq_len: in
     return doc, *pieces(doc, kind, seq_len)
 
 
-def blank(seq_len: int, pad_id: int):
+def blank(seq_len: int, pad_id: int, records: bool = False):
     """A window that counts for nothing (every label IGNORE_INDEX): what a rank yields once its data has ended, so
     every rank takes part in every step (the loss divides by the tokens that count, summed over the ranks)."""
-    return ({"input": torch.full((seq_len,), pad_id), "positions": torch.arange(seq_len),
-             "real": torch.zeros(seq_len, dtype=torch.bool)}, torch.full((seq_len,), IGNORE_INDEX))
+    window = {"input": torch.full((seq_len,), pad_id), "positions": torch.arange(seq_len),
+              "real": torch.zeros(seq_len, dtype=torch.bool)}
+    if records:  # as the pairs' windows it is batched with (packing.py)
+        window["record"] = torch.full((seq_len,), -1)
+    return window, torch.full((seq_len,), IGNORE_INDEX)
 
 
 def without_real(window):
@@ -88,7 +91,7 @@ class PackedDataset(IterableDataset, Stateful):
                  infinite: bool, epochs: int = 0, tokens=None):
         self.reader, self.kind, self.field, self.encoder, self.tokens = reader, kind, field, encoder, tokens
         self.seq_len, self.pad_id, self.infinite, self.epochs = seq_len, pad_id, infinite, epochs
-        self.packer = Packer(seq_len, pad_id, whole=kind != "text")
+        self.packer = Packer(seq_len, pad_id, whole=kind != "text", records=kind == "pair")
         self.counts = dict.fromkeys(COUNTS, 0)
         self.sources = getattr(getattr(reader, "table", None), "sources", None)  # a mix's (data/mix.py)
         self.by_source = [[0, 0] for _ in self.sources.names] if self.sources else None  # records, tokens trained
@@ -96,7 +99,7 @@ class PackedDataset(IterableDataset, Stateful):
     def __iter__(self):
         while True:
             if self.epochs and self.reader.epoch >= self.epochs:  # EPOCHS done: blanks to the derived last step
-                yield blank(self.seq_len, self.pad_id)
+                yield blank(self.seq_len, self.pad_id, self.kind == "pair")
                 continue
             window = self.packer.pop()
             if window is not None:
@@ -106,7 +109,8 @@ class PackedDataset(IterableDataset, Stateful):
             if item is not None:
                 docs = self._documents(*item)
                 for k, doc in enumerate(docs):  # a pair: the rejected goes in the chosen's window
-                    self.packer.push(doc, room=sum(len(d.labels) for d in docs[k + 1:]) if self.kind == "pair" else 0)
+                    room = sum(len(d.labels) for d in docs[k + 1:]) if self.kind == "pair" else 0
+                    self.packer.push(doc, room, record=item[0])
                 continue
             window = self.packer.flush()  # the epoch ends with the rest of its data, padded
             if window is not None:
@@ -182,7 +186,7 @@ class Shares(IterableDataset):
             total += 1
         share = -(-total // self.world)
         for _ in range(-(-share // self.batch) * self.batch - mine):
-            yield without_real(blank(self.packed.seq_len, self.packed.pad_id))
+            yield without_real(blank(self.packed.seq_len, self.packed.pad_id, self.packed.kind == "pair"))
 
     def stats(self) -> dict:
         return self.packed.stats()

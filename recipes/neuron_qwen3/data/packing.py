@@ -47,15 +47,18 @@ def windows(lengths: list, seq_len: int, whole: bool, together: bool = False) ->
 
 
 class Packer:
-    """The token buffer of one rank; `whole`: a document never crosses into the next window (conversations)."""
+    """The token buffer of one rank; `whole`: a document never crosses into the next window (conversations);
+    `records`: each window also says which record each token came from (`record`, -1 for padding), which DPO's
+    precomputed reference log-probabilities are looked up by."""
 
-    def __init__(self, seq_len: int, pad_id: int, whole: bool):
+    def __init__(self, seq_len: int, pad_id: int, whole: bool, records: bool = False):
         self.seq_len, self.pad_id, self.whole = seq_len, pad_id, whole
         self.inputs, self.labels, self.positions = [], [], []
+        self.records = [] if records else None
         self.padding = 0
         self.pad_from = []  # where each pad run in the buffer begins and ends (a window's tail, or a whole window)
 
-    def push(self, doc: Document, room: int = 0) -> None:
+    def push(self, doc: Document, room: int = 0, record: int = -1) -> None:
         """`room`: positions the next documents need in the same window (a preference pair's rejected)."""
         filled = len(self.inputs) % self.seq_len  # a record's earlier documents may have filled whole windows
         if self.whole and filled and filled + len(doc.labels) + room > self.seq_len:
@@ -63,6 +66,8 @@ class Packer:
         self.inputs += doc.ids[:-1]
         self.labels += doc.labels
         self.positions += range(len(doc.labels))
+        if self.records is not None:
+            self.records += [record] * len(doc.labels)
 
     def _pad(self) -> None:
         count = -len(self.inputs) % self.seq_len
@@ -71,6 +76,8 @@ class Packer:
         self.inputs += [self.pad_id] * count
         self.labels += [IGNORE_INDEX] * count
         self.positions += range(count)
+        if self.records is not None:
+            self.records += [-1] * count
         self.padding += count
 
     def pop(self):
@@ -89,7 +96,11 @@ class Packer:
             if positions[i] == 0:
                 break
             positions[i] -= offset
-        return {"input": torch.tensor(inputs), "positions": torch.tensor(positions), "real": real}, torch.tensor(labels)
+        window = {"input": torch.tensor(inputs), "positions": torch.tensor(positions), "real": real}
+        if self.records is not None:
+            window["record"] = torch.tensor(self.records[:n])
+            del self.records[:n]
+        return window, torch.tensor(labels)
 
     def flush(self):
         """What is left, padded to a window; None when nothing is."""
@@ -100,9 +111,11 @@ class Packer:
 
     def state_dict(self) -> dict:
         return {"inputs": self.inputs, "labels": self.labels, "positions": self.positions, "padding": self.padding,
-                "pad_from": self.pad_from}
+                "pad_from": self.pad_from, **({"records": self.records} if self.records is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         self.inputs, self.labels = list(state["inputs"]), list(state["labels"])
         self.positions, self.padding = list(state["positions"]), state["padding"]
         self.pad_from = [tuple(run) for run in state.get("pad_from", [])]  # a checkpoint from before: no marks
+        if self.records is not None:
+            self.records = list(state["records"])

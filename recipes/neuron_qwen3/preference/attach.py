@@ -5,7 +5,7 @@ import math
 
 from neuron_qwen3 import data
 from neuron_qwen3.preference.dpo import Dpo
-from neuron_qwen3.preference.reference import AdaptersOff, Frozen
+from neuron_qwen3.preference.reference import AdaptersOff, Frozen, Precomputed
 
 
 def attach(trainer) -> Dpo | None:
@@ -23,7 +23,15 @@ def attach(trainer) -> Dpo | None:
     assert not (dims.pp_enabled or dims.cp_enabled or dims.tp_enabled), \
         "METHOD=dpo runs on data-parallel (FSDP) ranks: no pipeline, context or tensor parallelism"
     model = trainer.model_parts[0]
-    reference = Frozen(trainer, settings.reference) if settings.reference else AdaptersOff(model)
+    reference = held_out = Frozen(trainer, settings.reference) if settings.reference else AdaptersOff(model)
+    if settings.precompute:  # the first step's pass, over the training and the validation tables
+        passes = {"trainer": trainer, "reference": reference}
+        reference = Precomputed(passes, "training", trainer.dataloader.dataset)
+        if trainer.config.validator.enable:  # the validator builds its loader at each validation: one of its own
+            v = trainer.validator
+            loader = v.dl_config.build(dp_world_size=v.dp_world_size, dp_rank=v.dp_rank, tokenizer=v.tokenizer,
+                                       seq_len=v.seq_len, local_batch_size=v.local_batch_size)
+            held_out = Precomputed(passes, "validation", loader.dataset.packed)
     group = dims.get_optional_mesh("loss").get_group() if dims.dp_cp_enabled else None
     loss = Dpo(model, reference, settings.beta, settings.loss, settings.sft_weight,
                trainer.gradient_accumulation_steps, group)
@@ -36,7 +44,7 @@ def attach(trainer) -> Dpo | None:
 
     trainer.metrics_processor.log = log_with_dpo
     if trainer.config.validator.enable:
-        validate_pairs(trainer, Dpo(model, reference, settings.beta, settings.loss, settings.sft_weight, 1, group))
+        validate_pairs(trainer, Dpo(model, held_out, settings.beta, settings.loss, settings.sft_weight, 1, group))
     return loss
 
 
@@ -48,8 +56,9 @@ def validate_pairs(trainer, held_out: Dpo) -> None:
     prepare, log_validation = validator.post_dataloading_process, metrics.log_validation
 
     def post_dataloading_process(input_dict, labels, model_parts):
+        records = input_dict.pop("record", None)
         inputs, labels, extra = prepare(input_dict, labels, model_parts)
-        held_out.reference_pass(inputs, labels, extra)
+        held_out.reference_pass(inputs, labels, extra, records)
         return inputs, labels, extra
 
     def log_pairs(loss, step, extra_metrics=None):

@@ -72,13 +72,12 @@ class Dpo:
         self.reference_sums = self.positions = None
         self.sums = None
 
-    def reference_pass(self, inputs, labels, extra: dict) -> None:
-        """Before the micro-step's forward: the reference's sums, and the positions (which torchtitan's validator
-        does not hand its loss_fn)."""
-        with torch.no_grad():
-            logps = self.reference.token_logps(inputs, labels, extra)
+    def reference_pass(self, inputs, labels, extra: dict, records=None) -> None:
+        """Before the micro-step's forward: the reference's sums (`records`: each token's record, for a reference
+        computed before training), and the positions (which torchtitan's validator does not hand its loss_fn)."""
         self.positions = extra["positions"]
-        self.reference_sums, _ = pair_sums(logps, labels, self.positions)
+        with torch.no_grad():
+            self.reference_sums = self.reference.sums(inputs, labels, extra, records)
 
     def __call__(self, pred, labels, *_, **__):
         assert self.reference_sums is not None, "DPO: no reference pass before this loss"
