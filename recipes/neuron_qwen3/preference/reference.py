@@ -124,7 +124,7 @@ def first_pass(trainer, reference, packed) -> torch.Tensor:
     if dist.is_initialized():
         dist.all_reduce(found)
     logger.info(f"DPO reference: the log-probabilities of {len(table)} records' pairs computed in "
-                f"{time.monotonic() - begin:.1f} s, before training")
+                f"{time.monotonic() - begin:.1f} s, in one pass at the first step")
     return found.float()
 
 
