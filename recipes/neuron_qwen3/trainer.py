@@ -206,7 +206,8 @@ class RunHooks(Trainer):
         self.stop_watch.join(config.comm)
         self.first_step = None
         try:
-            self.preference = preference_attach.attach(self)  # METHOD=dpo: the loss, before the router's joins it
+            # METHOD=dpo: the loss (before the router's joins it), the reference
+            self.preference = preference_attach.attach(self, super().post_dataloading_process)
         except data.DataError as error:
             raise fail_on_data(error) from None
         self.router_watch = routing.attach(self)  # MoE: the router losses and the experts' load (moe/routing.py)

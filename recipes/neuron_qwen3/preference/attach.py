@@ -8,10 +8,10 @@ from neuron_qwen3.preference.dpo import Dpo
 from neuron_qwen3.preference.reference import AdaptersOff, Frozen, Precomputed
 
 
-def attach(trainer) -> Dpo | None:
+def attach(trainer, prepare) -> Dpo | None:
     """The DPO loss on `trainer` (None under SFT; DataError when the data's kind is not the method's): it replaces
     the training loss_fn (the validator has taken its own), and every logging step gets its means (`dpo/...`, in
-    metrics.jsonl, TensorBoard and W&B)."""
+    metrics.jsonl, TensorBoard and W&B). `prepare`: torchtitan's post_dataloading_process, for a first pass."""
     settings = trainer.config.preference
     kind = getattr(getattr(trainer.dataloader, "dataset", None), "kind", None)  # the project's loader's
     problem = data.method_problem(settings.method == "dpo", kind, trainer.config.dataloader.source)
@@ -25,7 +25,7 @@ def attach(trainer) -> Dpo | None:
     model = trainer.model_parts[0]
     reference = held_out = Frozen(trainer, settings.reference) if settings.reference else AdaptersOff(model)
     if settings.precompute:  # the first step's pass, over the training and the validation tables
-        passes = {"trainer": trainer, "reference": reference}
+        passes = {"trainer": trainer, "prepare": prepare, "reference": reference}
         reference = Precomputed(passes, "training", trainer.dataloader.dataset)
         if trainer.config.validator.enable:  # the validator builds its loader at each validation: one of its own
             v = trainer.validator

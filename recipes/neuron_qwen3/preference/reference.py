@@ -21,7 +21,6 @@ import torch.distributed as dist
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
-from torchtitan.trainer import Trainer
 
 from neuron_qwen3.data import records as tables
 from neuron_qwen3.data.dataset import PackedDataset, Shares
@@ -93,7 +92,8 @@ class Precomputed:
         assert records is not None, "a precomputed reference needs each token's record"
         if "found" not in self.passes:
             reference = self.passes.pop("reference")
-            self.passes["found"] = {role: first_pass(self.passes["trainer"], reference, packed)
+            trainer, prepare = self.passes["trainer"], self.passes["prepare"]
+            self.passes["found"] = {role: first_pass(trainer, prepare, reference, packed)
                                     for role, packed in self.passes.pop("tables").items()}
             del reference
             gc.collect()  # a Frozen model's weights go with it (FSDP's states sit in reference cycles)
@@ -101,9 +101,9 @@ class Precomputed:
         return self.passes["found"][self.role][of_pair.clamp_min(0)] * (of_pair >= 0)[..., None]
 
 
-def first_pass(trainer, reference, packed) -> torch.Tensor:
+def first_pass(trainer, prepare, reference, packed) -> torch.Tensor:
     """The reference's sums of every pair of `packed`'s table (a PackedDataset of pairs): [records, 2], the same
-    on every rank. Every rank packs the whole table alike and runs its share of the windows in equal batches (the
+    on every rank (`prepare`: the trainer's torchtitan post_dataloading_process, without the run hooks'). Every rank packs the whole table alike and runs its share of the windows in equal batches (the
     validation's Shares), then the ranks' sums are added up (each pair is in one rank's windows)."""
     begin, seen = time.monotonic(), trainer.ntokens_seen
     table = packed.reader.table
@@ -115,7 +115,7 @@ def first_pass(trainer, reference, packed) -> torch.Tensor:
     for inputs, labels in _batches(Shares(whole, rank, world, batch), batch):
         of_token = inputs.pop("record").to(trainer.device)
         inputs = {key: value.to(trainer.device) for key, value in inputs.items()}
-        tokens, labels, extra = Trainer.post_dataloading_process(trainer, inputs, labels.to(trainer.device))
+        tokens, labels, extra = prepare(inputs, labels.to(trainer.device))
         with torch.no_grad():
             sums = reference.sums(tokens, labels, extra)
         of_pair = pair_records(of_token, extra["positions"])
