@@ -5,8 +5,9 @@
 #                   so the image job needs no package index
 #   make train      the launcher at smoke scale on this host (VARIANT=native|v5|nki_moe, STEPS=N, DEVICE=cpu)
 #   make compare    the three variants alike (SCALE=smoke|bench, STEPS, COMPILE...), one table, one loss plot
-#   make test       the whole test suite, the image smoke job included (what CI runs), and its 10 slowest tests
-#   make test-fast  everything but the slow groups (markers `image` and `training`, pyproject.toml)
+#   make test       ruff, then the whole test suite, the image smoke job included (what CI runs), and its 10 slowest tests
+#   make test-fast  ruff, then everything but the slow groups (markers `image` and `training`, pyproject.toml)
+#   make ruff       the lint and the format check (pyproject.toml's [tool.ruff]); `ruff format .` applies it
 #   make docs       the variant and settings tables of README.md and docs/, from the code
 #   make lock       regenerate requirements*.lock from requirements*.in (needs the package index)
 #   make lock-check would `make lock` give the same locks today? (needs the index; not part of `make test`)
@@ -28,7 +29,7 @@ LOCKS := requirements-torch.lock requirements.lock requirements-dev.lock
 # in one line instead of halfway through the install.
 VENV_DISK_GB ?= 11
 
-.PHONY: venv train compare test test-fast docs lock lock-check image lint smoke clean
+.PHONY: venv train compare test test-fast ruff docs lock lock-check image lint smoke clean
 
 venv: $(STAMP)
 
@@ -53,11 +54,15 @@ train: venv
 compare: venv
 	SCALE=$${SCALE:-smoke} $(PY) -m bench.compare --run $(ARGS)
 
-test: venv
+test: ruff
 	$(PY) -m pytest -q -rsxX --durations=10
 
-test-fast: venv
+test-fast: ruff
 	$(PY) -m pytest -q -rsxX -m "not image and not training"
+
+ruff: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 docs: venv
 	$(PY) -m ci.docs

@@ -30,10 +30,12 @@ from neuron_qwen3.report import flops
 from tests import qwen_size  # noqa: E402
 
 PHYSICAL_CORE_FLOPS, LNC, MFU, SEQ_LEN = 79e12, 2, 0.40, 4096
-WORDS = ("the model reads each token and the kernel moves data between the cores while the compiler plans "
-         "every tensor so training stays fast on a large cluster of chips with careful memory use and a "
-         "router that sends tokens to experts in sparse dense layers quiet bright patient garden river city "
-         "Paris Tōkyō 東京 naïve café 42 3.14 1024").split()
+WORDS = (
+    "the model reads each token and the kernel moves data between the cores while the compiler plans "
+    "every tensor so training stays fast on a large cluster of chips with careful memory use and a "
+    "router that sends tokens to experts in sparse dense layers quiet bright patient garden river city "
+    "Paris Tōkyō 東京 naïve café 42 3.14 1024"
+).split()
 
 
 def rank_tokens_per_s() -> float:
@@ -46,18 +48,35 @@ def words(rng, low, high):
 
 def conversation(rng):
     messages = [{"role": "system", "content": words(rng, 10, 40)}] if rng.random() < 0.5 else []
-    for turn in range(rng.randrange(1, 5)):
+    for _turn in range(rng.randrange(1, 5)):
         messages.append({"role": "user", "content": words(rng, 20, 200)})
         if rng.random() < 0.3:
-            messages.append({"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {
-                "name": "lookup", "arguments": {"query": words(rng, 2, 8)}}}]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": "lookup", "arguments": {"query": words(rng, 2, 8)}}}
+                    ],
+                }
+            )
             messages.append({"role": "tool", "content": words(rng, 20, 120)})
         reply = {"role": "assistant", "content": words(rng, 30, 400)}
         if rng.random() < 0.5:
             reply["reasoning_content"] = words(rng, 20, 200)
         messages.append(reply)
-    return {"messages": messages, "tools": [{"type": "function", "function": {
-        "name": "lookup", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}]}
+    return {
+        "messages": messages,
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "lookup",
+                    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+                },
+            }
+        ],
+    }
 
 
 def measure(path, field, tokenizer, records):
@@ -65,7 +84,8 @@ def measure(path, field, tokenizer, records):
     from neuron_qwen3 import data
 
     loader = data.DataLoader.Config(source=path, field=field, infinite=False).build(
-        dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=SEQ_LEN, local_batch_size=1)
+        dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=SEQ_LEN, local_batch_size=1
+    )
     start = time.process_time()
     windows = sum(1 for _ in loader)
     seconds = time.process_time() - start
@@ -90,15 +110,21 @@ def main() -> None:
         with open(text, "w") as f:
             f.writelines(json.dumps({"text": words(rng, 200, 2000)}) + "\n" for _ in range(args.records))
         rank = rank_tokens_per_s()
-        print(f"one trn2 rank, Qwen3-4B at {MFU:.0%} MFU, sequence {SEQ_LEN}: {rank:,.0f} tokens/s "
-              f"({LNC} x {PHYSICAL_CORE_FLOPS / 1e12:g} TFLOPS)")
+        print(
+            f"one trn2 rank, Qwen3-4B at {MFU:.0%} MFU, sequence {SEQ_LEN}: {rank:,.0f} tokens/s "
+            f"({LNC} x {PHYSICAL_CORE_FLOPS / 1e12:g} TFLOPS)"
+        )
         print(f"{'data path, one core':<62} {'tokens/s':>10} {'x rank':>8}")
-        for name, path, field in (("conversations: JSON, template, tokens, mask, fit, pack", chat, "messages"),
-                                  ("text: JSON, tokens, pack", text, "text")):
+        for name, path, field in (
+            ("conversations: JSON, template, tokens, mask, fit, pack", chat, "messages"),
+            ("text: JSON, tokens, pack", text, "text"),
+        ):
             speed, windows, stats = measure(path, field, tokenizer, args.records)
             per_record = (stats["tokens_trained"] + stats["tokens_masked"]) / stats["records"]
-            print(f"{name:<62} {speed:>10,.0f} {speed / rank:>7.0f}x   ({args.records} records, "
-                  f"{per_record:,.0f} tokens each, {windows} windows)")
+            print(
+                f"{name:<62} {speed:>10,.0f} {speed / rank:>7.0f}x   ({args.records} records, "
+                f"{per_record:,.0f} tokens each, {windows} windows)"
+            )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,10 @@ import tempfile
 
 from bench.bench_lora import CHECKOUT, REPO, WARMUP, base_model
 
-WORDS = ("the river stone cloud tiger lemon piano candle forest silver rocket garden violin meadow harbor castle "
-         "pepper marble falcon orange winter summer anchor bridge quiet bright early").split()
+WORDS = (
+    "the river stone cloud tiger lemon piano candle forest silver rocket garden violin meadow harbor castle "
+    "pepper marble falcon orange winter summer anchor bridge quiet bright early"
+).split()
 
 
 def sentence(rng, n) -> str:
@@ -46,8 +48,13 @@ def write_data(root: str, count: int) -> tuple[str, str]:
     for _ in range(count):
         prompt = [{"role": "user", "content": sentence(rng, 12)}]
         chosen, rejected = sentence(rng, 20), sentence(rng, 20)
-        pairs.append({"prompt": prompt, "chosen": [{"role": "assistant", "content": chosen}],
-                      "rejected": [{"role": "assistant", "content": rejected}]})
+        pairs.append(
+            {
+                "prompt": prompt,
+                "chosen": [{"role": "assistant", "content": chosen}],
+                "rejected": [{"role": "assistant", "content": rejected}],
+            }
+        )
         chats.append({"messages": prompt + [{"role": "assistant", "content": chosen}]})
     paths = os.path.join(root, "pairs.jsonl"), os.path.join(root, "chats.jsonl")
     for path, rows in zip(paths, (pairs, chats)):
@@ -57,15 +64,26 @@ def write_data(root: str, count: int) -> tuple[str, str]:
 
 
 def run(name: str, env: dict, out: str) -> dict:
-    env = {**os.environ, **CHECKOUT, "VARIANT": "native", "SCALE": "bench", "OUTPUT_DIR": out, "SAMPLE_PROMPTS": "",
-           "CACHE_DIR": os.path.join(out, "cache"), **env}
+    env = {
+        **os.environ,
+        **CHECKOUT,
+        "VARIANT": "native",
+        "SCALE": "bench",
+        "OUTPUT_DIR": out,
+        "SAMPLE_PROMPTS": "",
+        "CACHE_DIR": os.path.join(out, "cache"),
+        **env,
+    }
     result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True)
     if result.returncode:
         sys.exit(f"{name} failed ({result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}")
     records = [json.loads(line) for line in open(os.path.join(out, "report", "metrics.jsonl")) if '"loss"' in line]
     first_pass = re.search(r"pairs computed in ([\d.]+) s", result.stdout + result.stderr)
-    return {"step_s": statistics.median(r["step_time_s"] for r in records[WARMUP:]),
-            "peak_gib": max(r["memory_gib"] for r in records), "pass_s": float(first_pass[1]) if first_pass else None}
+    return {
+        "step_s": statistics.median(r["step_time_s"] for r in records[WARMUP:]),
+        "peak_gib": max(r["memory_gib"] for r in records),
+        "pass_s": float(first_pass[1]) if first_pass else None,
+    }
 
 
 def main() -> None:
@@ -82,18 +100,22 @@ def main() -> None:
         pairs, chats = write_data(root, 40)  # what the steps read; the precomputed run's first pass reads them all
         common = {"INIT_FROM": base, "STEPS": str(args.steps), "SEQ_LEN": str(args.seq_len), "WARMUP_STEPS": "0"}
         lora = {"LORA_RANK": str(args.rank)}
-        runs = {"sft": {"DATASET": chats, "DATASET_FIELD": "messages"},
-                "dpo-frozen": {"DATASET": pairs, "METHOD": "dpo"},
-                "dpo-precomputed": {"DATASET": pairs, "METHOD": "dpo", "DPO_PRECOMPUTE_REF": "1"},
-                "lora-sft": {"DATASET": chats, "DATASET_FIELD": "messages", **lora},
-                "lora-off": {"DATASET": pairs, "METHOD": "dpo", **lora},
-                "lora-frozen": {"DATASET": pairs, "METHOD": "dpo", "DPO_REFERENCE": base, **lora}}
+        runs = {
+            "sft": {"DATASET": chats, "DATASET_FIELD": "messages"},
+            "dpo-frozen": {"DATASET": pairs, "METHOD": "dpo"},
+            "dpo-precomputed": {"DATASET": pairs, "METHOD": "dpo", "DPO_PRECOMPUTE_REF": "1"},
+            "lora-sft": {"DATASET": chats, "DATASET_FIELD": "messages", **lora},
+            "lora-off": {"DATASET": pairs, "METHOD": "dpo", **lora},
+            "lora-frozen": {"DATASET": pairs, "METHOD": "dpo", "DPO_REFERENCE": base, **lora},
+        }
         rows = {name: [] for name in runs}
         for i in range(args.repeats):
             for name, env in runs.items():
                 rows[name].append(run(name, {**common, **env}, os.path.join(root, f"{name}-{i}")))
-    print(f"native SCALE=bench (CPU: bench_cpu), 1 rank, windows of {args.seq_len}, {args.steps} steps x "
-          f"{args.repeats} rounds, LoRA rank {args.rank}")
+    print(
+        f"native SCALE=bench (CPU: bench_cpu), 1 rank, windows of {args.seq_len}, {args.steps} steps x "
+        f"{args.repeats} rounds, LoRA rank {args.rank}"
+    )
     print(f"{'run':<17}{'step s':>9}{'peak GiB':>10}   ratio to its SFT twin: step time, peak memory (median, range)")
     for name, measured in rows.items():
         twin = "lora-sft" if name.startswith("lora") else "sft"
@@ -103,8 +125,10 @@ def main() -> None:
         if name != twin:
             ratios = [(r["step_s"] / t["step_s"], r["peak_gib"] / t["peak_gib"]) for r, t in zip(measured, rows[twin])]
             times, peaks = zip(*ratios)
-            line += (f"   {statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f}), "
-                     f"{statistics.median(peaks):.2f} ({min(peaks):.2f}-{max(peaks):.2f})")
+            line += (
+                f"   {statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f}), "
+                f"{statistics.median(peaks):.2f} ({min(peaks):.2f}-{max(peaks):.2f})"
+            )
         if measured[0]["pass_s"] is not None:
             line += f"   first pass {statistics.median(r['pass_s'] for r in measured):.1f} s"
         print(line)

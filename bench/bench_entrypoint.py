@@ -46,8 +46,13 @@ def start(runs: int = 20, dry_runs: int = 3) -> dict:
         if i < dry_runs:
             dry.append(wall([sys.executable, "-m", "entrypoint", "--dry-run"], env))
     median, baseline = statistics.median(launcher), statistics.median(bare)
-    return {"launcher_start_median_s": median, "python_median_s": baseline, "ratio": median / baseline,
-            "dry_run_with_pre_launch_pass_median_s": statistics.median(dry), "goal_met": median < START_GOAL_S}
+    return {
+        "launcher_start_median_s": median,
+        "python_median_s": baseline,
+        "ratio": median / baseline,
+        "dry_run_with_pre_launch_pass_median_s": statistics.median(dry),
+        "goal_met": median < START_GOAL_S,
+    }
 
 
 def timed_training(argv, env) -> tuple[float, float]:
@@ -67,8 +72,16 @@ def timed_training(argv, env) -> tuple[float, float]:
 
 def throughput(runs: int = 3, steps: int = 30) -> dict:
     env = dict(os.environ, SCALE="smoke", STEPS=str(steps), OUTPUT_DIR="/tmp/bench-entrypoint")
-    plan = json.loads(subprocess.run([sys.executable, "-m", "entrypoint", "--dry-run"], env=env, cwd=REPO,
-                                     capture_output=True, text=True, check=True).stdout)
+    plan = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "entrypoint", "--dry-run"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     by_hand = (plan["argv"], {**env, **plan["env"]})
     through_launcher = ([sys.executable, "-m", "entrypoint"], env)
     launcher_step, hand_step, first_step = [], [], []
@@ -80,9 +93,15 @@ def throughput(runs: int = 3, steps: int = 30) -> dict:
             if name == "launcher":
                 first_step.append(to_first)
     ratio = statistics.median(hand_step) / statistics.median(launcher_step)  # throughput = 1 / seconds per step
-    return {"variant": plan["variant"], "nproc": plan["nproc"], "launcher_s_per_step": statistics.median(launcher_step),
-            "by_hand_s_per_step": statistics.median(hand_step), "throughput_ratio": ratio,
-            "time_to_first_step_s": statistics.median(first_step), "goal_met": ratio >= THROUGHPUT_GOAL}
+    return {
+        "variant": plan["variant"],
+        "nproc": plan["nproc"],
+        "launcher_s_per_step": statistics.median(launcher_step),
+        "by_hand_s_per_step": statistics.median(hand_step),
+        "throughput_ratio": ratio,
+        "time_to_first_step_s": statistics.median(first_step),
+        "goal_met": ratio >= THROUGHPUT_GOAL,
+    }
 
 
 MEASUREMENTS = {"start": start, "throughput": throughput}
@@ -93,8 +112,9 @@ def main() -> int:
     for name in sys.argv[1:] or MEASUREMENTS:
         figures = MEASUREMENTS[name]()
         met &= figures.get("goal_met", True)
-        shown = [f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"
-                 for key, value in figures.items()]
+        shown = [
+            f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}" for key, value in figures.items()
+        ]
         print(f"{name}: " + ", ".join(shown), flush=True)
     return 0 if met else 1
 

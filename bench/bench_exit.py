@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 
-WORKER = '''
+WORKER = """
 import sys
 from datetime import timedelta
 
@@ -31,12 +31,26 @@ for _ in range(3):
     dist.all_reduce(torch.tensor([dist.get_rank()]), op=dist.ReduceOp.MAX, group=side)
 dist.all_gather([torch.empty(1) for _ in range(dist.get_world_size())], torch.tensor([1.0]))
 raise SystemExit(3)
-'''
+"""
 
 
 def aborted(script: str, mode: str) -> bool:
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv_backend",
-                             "c10d", "--rdzv_endpoint", "127.0.0.1:0", script, mode], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            "127.0.0.1:0",
+            script,
+            mode,
+        ],
+        capture_output=True,
+        text=True,
+    )
     output = result.stdout + result.stderr
     assert "exitcode  : 3" in output or "SIGABRT" in output, output[-2000:]
     return "SIGABRT" in output

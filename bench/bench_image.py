@@ -48,29 +48,34 @@ def main(argv=None):
         shutil.rmtree(context / ".wheelhouse", ignore_errors=True)  # cold: the wheels are downloaded too
         tags = {"cold": f"{build_image.NAME}:bench-cold", "rebuild": f"{build_image.NAME}:bench-rebuild"}
         try:
-            cold = build_image.build(client, base_image=base, hermetic=True, nocache=True, context=context,
-                                     tags=[tags["cold"]])
+            cold = build_image.build(
+                client, base_image=base, hermetic=True, nocache=True, context=context, tags=[tags["cold"]]
+            )
             changed = context / "recipes" / "neuron_qwen3" / "__init__.py"
             changed.write_text(changed.read_text() + f"\n# bench_image.py: one-line change {time.time()}\n")
-            rebuild = build_image.build(client, base_image=base, hermetic=True, context=context,
-                                        tags=[tags["rebuild"]])
+            rebuild = build_image.build(client, base_image=base, hermetic=True, context=context, tags=[tags["rebuild"]])
             image_size = client.images.get(tags["rebuild"]).attrs["Size"]
             base_size = client.images.get(base).attrs["Size"]
-            layers = [(step["Size"], step["CreatedBy"]) for step in client.api.history(tags["rebuild"])
-                      if step["Size"] and step["CreatedBy"] not in {s["CreatedBy"] for s in client.api.history(base)}]
+            layers = [
+                (step["Size"], step["CreatedBy"])
+                for step in client.api.history(tags["rebuild"])
+                if step["Size"] and step["CreatedBy"] not in {s["CreatedBy"] for s in client.api.history(base)}
+            ]
             install = [line for line in evidence(rebuild) if INSTALL_STEP in line]
-            numbers.update({
-                "base_image": base,
-                "cold_build_seconds": round(cold.seconds, 1),
-                "cold_build_steps": len(cold.steps),
-                "rebuild_seconds": round(rebuild.seconds, 1),
-                "rebuild_steps_run": [step for step, _, cached in rebuild.steps if not cached],
-                "rebuild_packages_cached": bool(install) and all(line.startswith("cached") for line in install),
-                "image_bytes": image_size,
-                "base_bytes": base_size,
-                "added_bytes": image_size - base_size,
-                "added_layers": [{"bytes": size, "step": step[:120]} for size, step in layers],
-            })
+            numbers.update(
+                {
+                    "base_image": base,
+                    "cold_build_seconds": round(cold.seconds, 1),
+                    "cold_build_steps": len(cold.steps),
+                    "rebuild_seconds": round(rebuild.seconds, 1),
+                    "rebuild_steps_run": [step for step, _, cached in rebuild.steps if not cached],
+                    "rebuild_packages_cached": bool(install) and all(line.startswith("cached") for line in install),
+                    "image_bytes": image_size,
+                    "base_bytes": base_size,
+                    "added_bytes": image_size - base_size,
+                    "added_layers": [{"bytes": size, "step": step[:120]} for size, step in layers],
+                }
+            )
             print("\nrebuild after a one-line change in recipes/neuron_qwen3/__init__.py:")
             print("\n".join("  " + line for line in evidence(rebuild)))
         finally:
@@ -93,10 +98,14 @@ def main(argv=None):
     print(f"\nbase {numbers['base_image']}" + (f" (built in {built} s)" if built else ""))
     print(f"cold build (wheelhouse download + no-cache build): {numbers['cold_build_seconds']:6.1f} s")
     packages = "cached" if goals["no package reinstalled on rebuild"] else "REINSTALLED"
-    print(f"rebuild after one recipes/ file changed:           {numbers['rebuild_seconds']:6.1f} s "
-          f"({len(numbers['rebuild_steps_run'])} steps ran, packages {packages})")
-    print(f"added on top of the base:                          {numbers['added_bytes'] / 1e6:6.0f} MB "
-          f"(image {image_size / 1e9:.2f} GB, base {base_size / 1e9:.2f} GB)")
+    print(
+        f"rebuild after one recipes/ file changed:           {numbers['rebuild_seconds']:6.1f} s "
+        f"({len(numbers['rebuild_steps_run'])} steps ran, packages {packages})"
+    )
+    print(
+        f"added on top of the base:                          {numbers['added_bytes'] / 1e6:6.0f} MB "
+        f"(image {image_size / 1e9:.2f} GB, base {base_size / 1e9:.2f} GB)"
+    )
     for layer in numbers["added_layers"]:
         print(f"    {layer['bytes'] / 1e6:8.1f} MB  {layer['step']}")
     for goal, met in goals.items():

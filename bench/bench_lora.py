@@ -26,9 +26,13 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKOUT = {"PYTHONPATH": os.pathsep.join((os.path.join(REPO, "recipes"), REPO))}  # this checkout's code, everywhere
-COLOUR = r"\x1b\[[0-9;]*m"  # torchtitan's terminal colours (neuron_qwen3/prelaunch/selftest.py), stripped before matching
-STATE = re.compile(r"state after step 1 on this rank: ([\d,]+) trainable parameters; parameters ([\d.]+) MiB, "
-                   r"gradients ([\d.]+) MiB \((\d+) tensors\), optimizer state ([\d.]+) MiB")
+COLOUR = (
+    r"\x1b\[[0-9;]*m"  # torchtitan's terminal colours (neuron_qwen3/prelaunch/selftest.py), stripped before matching
+)
+STATE = re.compile(
+    r"state after step 1 on this rank: ([\d,]+) trainable parameters; parameters ([\d.]+) MiB, "
+    r"gradients ([\d.]+) MiB \((\d+) tensors\), optimizer state ([\d.]+) MiB"
+)
 WARMUP = 2
 
 
@@ -44,14 +48,25 @@ def base_model(variant: str, folder: str) -> None:
         f"config = getattr(config_registry, VARIANTS[{variant!r}].configs['bench' if accelerated else 'bench_cpu'])()\n"
         "torch.manual_seed(0)\n"
         "hf = transformers.AutoConfig.for_model(**shapes.hf_config(preflight.trained_shape(config)))\n"
-        "transformers.AutoModelForCausalLM.from_config(hf).save_pretrained(sys.argv[1])\n")
-    subprocess.run([sys.executable, "-c", code, folder], env={**os.environ, **CHECKOUT}, check=True,
-                   capture_output=True)
+        "transformers.AutoModelForCausalLM.from_config(hf).save_pretrained(sys.argv[1])\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, folder], env={**os.environ, **CHECKOUT}, check=True, capture_output=True
+    )
 
 
 def run(variant: str, base: str, steps: int, out: str, lora: dict) -> dict:
-    env = {**os.environ, **CHECKOUT, "VARIANT": variant, "SCALE": "bench", "INIT_FROM": base, "STEPS": str(steps),
-           "OUTPUT_DIR": out, "CACHE_DIR": os.path.join(out, "cache"), **lora}
+    env = {
+        **os.environ,
+        **CHECKOUT,
+        "VARIANT": variant,
+        "SCALE": "bench",
+        "INIT_FROM": base,
+        "STEPS": str(steps),
+        "OUTPUT_DIR": out,
+        "CACHE_DIR": os.path.join(out, "cache"),
+        **lora,
+    }
     begin = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True)
     text = re.sub(COLOUR, "", result.stdout + result.stderr)
@@ -59,10 +74,16 @@ def run(variant: str, base: str, steps: int, out: str, lora: dict) -> dict:
         sys.exit(f"{'LoRA' if lora else 'full'} run failed ({result.returncode}):\n{text[-3000:]}")
     records = [json.loads(line) for line in open(os.path.join(out, "report", "metrics.jsonl"))]
     state = STATE.search(text)
-    return {"step_s": statistics.median(r["step_time_s"] for r in records[WARMUP:]),
-            "peak_gib": max(r["memory_gib"] for r in records), "wall_s": time.monotonic() - begin,
-            "trainable": int(state[1].replace(",", "")), "params_mib": float(state[2]), "grads_mib": float(state[3]),
-            "grad_tensors": int(state[4]), "optimizer_mib": float(state[5])}
+    return {
+        "step_s": statistics.median(r["step_time_s"] for r in records[WARMUP:]),
+        "peak_gib": max(r["memory_gib"] for r in records),
+        "wall_s": time.monotonic() - begin,
+        "trainable": int(state[1].replace(",", "")),
+        "params_mib": float(state[2]),
+        "grads_mib": float(state[3]),
+        "grad_tensors": int(state[4]),
+        "optimizer_mib": float(state[5]),
+    }
 
 
 def main() -> None:
@@ -84,17 +105,23 @@ def main() -> None:
             rows["LoRA"].append(run(args.variant, base, args.steps, os.path.join(root, f"lora-{i}"), lora))
     full, low = ({key: statistics.median(r[key] for r in rs) for key in rs[0]} for rs in rows.values())
     share = low["trainable"] / full["trainable"]  # of what full fine-tuning trains: every base parameter
-    print(f"{args.variant} SCALE=bench, {args.steps} steps x {args.repeats}, LoRA rank {args.rank}: "
-          f"{low['trainable']:,.0f} trainable parameters against {full['trainable']:,.0f} (trainable fraction "
-          f"{share:.4%})")
+    print(
+        f"{args.variant} SCALE=bench, {args.steps} steps x {args.repeats}, LoRA rank {args.rank}: "
+        f"{low['trainable']:,.0f} trainable parameters against {full['trainable']:,.0f} (trainable fraction "
+        f"{share:.4%})"
+    )
     print(f"{'':<10}{'step s':>9}{'peak GiB':>10}{'params MiB':>12}{'grads MiB':>11}{'optim MiB':>11}{'wall s':>8}")
     for name, r in (("full", full), ("LoRA", low)):
-        print(f"{name:<10}{r['step_s']:>9.3f}{r['peak_gib']:>10.2f}{r['params_mib']:>12.1f}{r['grads_mib']:>11.2f}"
-              f"{r['optimizer_mib']:>11.2f}{r['wall_s']:>8.1f}")
+        print(
+            f"{name:<10}{r['step_s']:>9.3f}{r['peak_gib']:>10.2f}{r['params_mib']:>12.1f}{r['grads_mib']:>11.2f}"
+            f"{r['optimizer_mib']:>11.2f}{r['wall_s']:>8.1f}"
+        )
     grads, optimizer = low["grads_mib"] / full["grads_mib"], low["optimizer_mib"] / full["optimizer_mib"]
-    print(f"LoRA / full: step time {low['step_s'] / full['step_s']:.3f}, peak memory "
-          f"{low['peak_gib'] / full['peak_gib']:.3f}, gradients {grads:.4%}, optimizer state {optimizer:.4%} "
-          f"(trainable fraction {share:.4%})")
+    print(
+        f"LoRA / full: step time {low['step_s'] / full['step_s']:.3f}, peak memory "
+        f"{low['peak_gib'] / full['peak_gib']:.3f}, gradients {grads:.4%}, optimizer state {optimizer:.4%} "
+        f"(trainable fraction {share:.4%})"
+    )
     for label, ratio in (("gradients", grads), ("optimizer state", optimizer)):
         assert abs(ratio - share) <= 0.01 * share, f"{label}: LoRA / full {ratio:.4%} is not the trainable fraction"
 

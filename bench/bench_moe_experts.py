@@ -127,8 +127,12 @@ def main() -> None:
     parser.add_argument("--shapes", default="all", choices=["all", *SHAPES])
     parser.add_argument("--iters", type=int, default=6, help="timed forward+backward steps per module")
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--param-dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                        help="weights and activations (bfloat16: as under FSDP mixed precision)")
+    parser.add_argument(
+        "--param-dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float32"],
+        help="weights and activations (bfloat16: as under FSDP mixed precision)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = parser.parse_args()
 
@@ -139,20 +143,29 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     param_dtype = getattr(torch, args.param_dtype)
     if not grouped_mm_works(device, torch.bfloat16):
-        raise SystemExit(f"torch._grouped_mm does not run on {device} in torch {torch.__version__}: "
-                         "GroupedExperts itself cannot run here, there is nothing to compare against")
+        raise SystemExit(
+            f"torch._grouped_mm does not run on {device} in torch {torch.__version__}: "
+            "GroupedExperts itself cannot run here, there is nothing to compare against"
+        )
     shapes = [s for key, group in SHAPES.items() if args.shapes in ("all", key) for s in group]
 
-    print(f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads, params {args.param_dtype}; "
-          f"torch._grouped_mm runs on {device.type}: GroupedExperts' default path")
-    print(f"{'shape':22} {'D':>5} {'F':>4} {'E':>4} {'K':>2} {'T':>5} {'B':>4} {'pad':>5} "
-          f"{'grouped_mm ms':>14} {'reference ms':>13} {'ratio':>6}   (median; best)")
+    print(
+        f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads, params {args.param_dtype}; "
+        f"torch._grouped_mm runs on {device.type}: GroupedExperts' default path"
+    )
+    print(
+        f"{'shape':22} {'D':>5} {'F':>4} {'E':>4} {'K':>2} {'T':>5} {'B':>4} {'pad':>5} "
+        f"{'grouped_mm ms':>14} {'reference ms':>13} {'ratio':>6}   (median; best)"
+    )
     for shape in shapes:
         r = bench(shape, device, param_dtype, args.iters, args.warmup)
         med, best = r["median"], r["best"]
-        print(f"{shape.name:22} {shape.dim:5} {shape.hidden:4} {shape.experts:4} {shape.top_k:2} {shape.tokens:5} "
-              f"{shape.block_size:4} {r['pad']:5.2f} {med['grouped_mm'] * 1e3:14.1f} {med['reference'] * 1e3:13.1f} "
-              f"{r['ratio']:6.2f}   ({best['grouped_mm'] * 1e3:.1f}; {best['reference'] * 1e3:.1f})", flush=True)
+        print(
+            f"{shape.name:22} {shape.dim:5} {shape.hidden:4} {shape.experts:4} {shape.top_k:2} {shape.tokens:5} "
+            f"{shape.block_size:4} {r['pad']:5.2f} {med['grouped_mm'] * 1e3:14.1f} {med['reference'] * 1e3:13.1f} "
+            f"{r['ratio']:6.2f}   ({best['grouped_mm'] * 1e3:.1f}; {best['reference'] * 1e3:.1f})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

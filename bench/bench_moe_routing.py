@@ -62,6 +62,7 @@ CALIBRATION_TOKENS = 2048
 
 # ---- the base model (a child: the launcher side imports no torch) -----------------------------------------------
 
+
 def make_base(folder: str, config_name: str, skew: float) -> None:
     """A random Qwen3MoeForCausalLM of `config_name`'s shape, its routers skewed to SKEWED by `skew`, saved."""
     import torch
@@ -73,7 +74,8 @@ def make_base(folder: str, config_name: str, skew: float) -> None:
     config = getattr(config_registry, config_name)()
     torch.manual_seed(0)
     model = transformers.Qwen3MoeForCausalLM(
-        transformers.Qwen3MoeConfig(**weights.native_hf_config(config.model_spec.model, {})))
+        transformers.Qwen3MoeConfig(**weights.native_hf_config(config.model_spec.model, {}))
+    )
     report = {"skew": skew}
     if skew:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(config_registry.SMOKE_TOKENIZER))
@@ -83,8 +85,10 @@ def make_base(folder: str, config_name: str, skew: float) -> None:
         ids = tokenizer(text, return_tensors="pt").input_ids[0, :CALIBRATION_TOKENS].reshape(-1, window)
         gates = [layer.mlp.gate for layer in model.model.layers]
         seen, picks = {}, {}
-        hooks = [gate.register_forward_pre_hook(lambda _m, args, i=i: seen.__setitem__(i, args[0].detach()))
-                 for i, gate in enumerate(gates)]
+        hooks = [
+            gate.register_forward_pre_hook(lambda _m, args, i=i: seen.__setitem__(i, args[0].detach()))
+            for i, gate in enumerate(gates)
+        ]
         with torch.no_grad():
             model(ids)
             for i, gate in enumerate(gates):  # all means from the unskewed model, then every router moved
@@ -93,12 +97,13 @@ def make_base(folder: str, config_name: str, skew: float) -> None:
                 gate.weight[list(SKEWED)] += skew * mean / mean.dot(mean)
         for hook in hooks:
             hook.remove()
-        hooks = [gate.register_forward_hook(lambda _m, _a, out, i=i: picks.__setitem__(i, out[2]))
-                 for i, gate in enumerate(gates)]
+        hooks = [
+            gate.register_forward_hook(lambda _m, _a, out, i=i: picks.__setitem__(i, out[2]))
+            for i, gate in enumerate(gates)
+        ]
         with torch.no_grad():
             model(ids)
-        load = [torch.bincount(picks[i].reshape(-1), minlength=gates[i].num_experts).float()
-                for i in range(len(gates))]
+        load = [torch.bincount(picks[i].reshape(-1), minlength=gates[i].num_experts).float() for i in range(len(gates))]
         report["max_mean_after_skew"] = [round(float(c.max() / c.mean()), 3) for c in load]
         report["share_of_skewed"] = [round(float(c[list(SKEWED)].sum() / c.sum()), 3) for c in load]
     model.save_pretrained(folder)
@@ -107,14 +112,17 @@ def make_base(folder: str, config_name: str, skew: float) -> None:
 
 # ---- the worker (under torchrun) --------------------------------------------------------------------------------
 
+
 def clocked(method, total: list):
     """`method`, its time added to total[0] (the loss and interval calls of the trainer's watch)."""
+
     def timed(*args, **kwargs):
         begin = time.perf_counter()
         try:
             return method(*args, **kwargs)
         finally:
             total[0] += time.perf_counter() - begin
+
     return timed
 
 
@@ -173,8 +181,16 @@ def worker(record: str, watch: str, titan_args: list) -> None:
     moe = config.moe
     if torch.distributed.get_rank() == 0:
         with open(record, "w") as f:
-            json.dump({"watch": watch, "aux_coef": moe.aux_loss, "z_coef": moe.z_loss, "steps": steps,
-                       "world": torch.distributed.get_world_size()}, f)
+            json.dump(
+                {
+                    "watch": watch,
+                    "aux_coef": moe.aux_loss,
+                    "z_coef": moe.z_loss,
+                    "steps": steps,
+                    "world": torch.distributed.get_world_size(),
+                },
+                f,
+            )
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
@@ -189,11 +205,16 @@ def planned(env: dict, out: str) -> tuple[list, dict]:
     """The launcher's torchrun command and the environment it adds, for these settings (`--dry-run`), for `out`."""
     key = json.dumps({k: v for k, v in sorted(env.items()) if k != "OUTPUT_DIR"})
     if key not in PLANS:
-        result = subprocess.run([sys.executable, "-m", "entrypoint", "--dry-run"],
-                                env={**env, "OUTPUT_DIR": STAND_IN}, cwd=REPO, capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "entrypoint", "--dry-run"],
+            env={**env, "OUTPUT_DIR": STAND_IN},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         if result.returncode:
             sys.exit(f"the launcher's dry run failed ({result.returncode}):\n{result.stderr[-3000:]}")
-        plan = json.loads(result.stdout[result.stdout.index("{"):])
+        plan = json.loads(result.stdout[result.stdout.index("{") :])
         PLANS[key] = plan["argv"], plan["env"]
     argv, added = PLANS[key]
     return [a.replace(STAND_IN, out) for a in argv], {k: v.replace(STAND_IN, out) for k, v in added.items()}
@@ -205,13 +226,19 @@ def launch(settings: dict, out: str, watch: str, cache: str) -> dict:
     argv, added = planned(env, out)
     at = argv.index("torchtitan.train")
     record = os.path.join(out, "router_watch.json")
-    argv = [*argv[:at - 1], "-m", "bench.bench_moe_routing", "--worker", record, watch, *argv[at + 1:]]
+    argv = [*argv[: at - 1], "-m", "bench.bench_moe_routing", "--worker", record, watch, *argv[at + 1 :]]
     os.makedirs(out, exist_ok=True)
     begin = time.monotonic()
     log_path = os.path.join(out, "train.log")
     with open(log_path, "w") as logfile:
-        child = subprocess.Popen(argv, env={**env, **added, "OUTPUT_DIR": out}, cwd=REPO, stdout=logfile,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+        child = subprocess.Popen(
+            argv,
+            env={**env, **added, "OUTPUT_DIR": out},
+            cwd=REPO,
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             code = child.wait()
         except BaseException:  # interrupted: torchrun stops its workers (each in a session of its own)
@@ -231,8 +258,13 @@ def launch(settings: dict, out: str, watch: str, cache: str) -> dict:
 
 
 def base_model(folder: str, config_name: str, skew: float) -> dict:
-    result = subprocess.run([sys.executable, "-m", "bench.bench_moe_routing", "--make-base", folder, config_name,
-                             str(skew)], env={**os.environ, **CHECKOUT}, cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.bench_moe_routing", "--make-base", folder, config_name, str(skew)],
+        env={**os.environ, **CHECKOUT},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if result.returncode:
         sys.exit(f"making the base model failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -246,10 +278,18 @@ def curve(run: dict) -> list:
         if not load:
             continue
         loads = [layer["max_mean"] for layer in load["layers"]]
-        rows.append({"step": s["step"], "worst": max(loads), "mean": statistics.mean(loads), "layers": loads,
-                     "padding": load["padding"], "aux": load["aux"],
-                     "ce": s["loss"] - run["aux_coef"] * load["aux"] - run["z_coef"] * load["z"],
-                     "entropy": statistics.mean(layer["entropy"] for layer in load["layers"])})
+        rows.append(
+            {
+                "step": s["step"],
+                "worst": max(loads),
+                "mean": statistics.mean(loads),
+                "layers": loads,
+                "padding": load["padding"],
+                "aux": load["aux"],
+                "ce": s["loss"] - run["aux_coef"] * load["aux"] - run["z_coef"] * load["z"],
+                "entropy": statistics.mean(layer["entropy"] for layer in load["layers"]),
+            }
+        )
     return rows
 
 
@@ -280,42 +320,62 @@ def plot(curves: dict, path: str, title: str) -> None:
 def experiment(args, root: str) -> dict:
     base = os.path.join(root, "experiment-base")
     made = base_model(base, "nki_moe_qwen3_smoke", args.skew)
-    print(f"experiment base (smoke shape, skew {args.skew} to experts {list(SKEWED)}): max/mean per layer on "
-          f"{CALIBRATION_TOKENS} corpus tokens {made.get('max_mean_after_skew')}, share of top-k picks going to the "
-          f"skewed experts {made.get('share_of_skewed')}", flush=True)
+    print(
+        f"experiment base (smoke shape, skew {args.skew} to experts {list(SKEWED)}): max/mean per layer on "
+        f"{CALIBRATION_TOKENS} corpus tokens {made.get('max_mean_after_skew')}, share of top-k picks going to the "
+        f"skewed experts {made.get('share_of_skewed')}",
+        flush=True,
+    )
     sides = {f"MOE_AUX_LOSS={args.aux:g}": args.aux, "MOE_AUX_LOSS=0": 0.0}
     runs = {}
     for name, coef in sides.items():
-        settings = {"SCALE": "smoke", "INIT_FROM": base, "STEPS": str(args.steps), "LR": str(args.lr),
-                    "MOE_AUX_LOSS": str(coef), "MOE_Z_LOSS": "0", "NPROC": "1"}
+        settings = {
+            "SCALE": "smoke",
+            "INIT_FROM": base,
+            "STEPS": str(args.steps),
+            "LR": str(args.lr),
+            "MOE_AUX_LOSS": str(coef),
+            "MOE_Z_LOSS": "0",
+            "NPROC": "1",
+        }
         run = launch(settings, os.path.join(root, f"experiment-aux{coef:g}"), "on", os.path.join(root, "cache"))
         runs[name] = curve(run)
         print(f"  {name}: {len(runs[name])} steps in {run['wall_s']:.0f} s", flush=True)
     marks = sorted({1, 2, 5, 10, 20, 30, 45, args.steps} & {r["step"] for r in next(iter(runs.values()))})
-    print(f"\nsmoke nki_moe, 1 rank, INIT_FROM the skewed base, LR={args.lr:g}, {args.steps} steps; max/mean is the "
-          "busiest expert's tokens over the mean (layers: each layer's), padding the share of 256-row block rows "
-          "that are padding, CE the cross-entropy")
+    print(
+        f"\nsmoke nki_moe, 1 rank, INIT_FROM the skewed base, LR={args.lr:g}, {args.steps} steps; max/mean is the "
+        "busiest expert's tokens over the mean (layers: each layer's), padding the share of 256-row block rows "
+        "that are padding, CE the cross-entropy"
+    )
     header = "| step | " + " | ".join(f"{n}: max/mean worst (layers) | padding | CE" for n in runs) + " |"
     print(header + "\n|" + "---|" * (1 + 3 * len(runs)))
     for step in marks:
         cells = []
         for rows in runs.values():
             r = next(r for r in rows if r["step"] == step)
-            cells += [f"{r['worst']:.3f} ({', '.join(f'{v:.2f}' for v in r['layers'])})",
-                      f"{100 * (r['padding'] or 0):.1f} %", f"{r['ce']:.3f}"]
+            cells += [
+                f"{r['worst']:.3f} ({', '.join(f'{v:.2f}' for v in r['layers'])})",
+                f"{100 * (r['padding'] or 0):.1f} %",
+                f"{r['ce']:.3f}",
+            ]
         print(f"| {step} | " + " | ".join(cells) + " |")
     tail = max(1, args.steps // 6)
     summary = {}
     for name, rows in runs.items():
         first = statistics.mean(r["mean"] for r in rows[:3])
         last = statistics.mean(r["mean"] for r in rows[-tail:])
-        summary[name] = {"first3_mean_max_mean": first, f"last{tail}_mean_max_mean": last,
-                         f"last{tail}_worst": statistics.mean(r["worst"] for r in rows[-tail:]),
-                         f"last{tail}_padding": statistics.mean(r["padding"] or 0 for r in rows[-tail:]),
-                         f"last{tail}_ce": statistics.mean(r["ce"] for r in rows[-tail:])}
-        print(f"{name}: mean-over-layers max/mean, first 3 steps {first:.3f} -> last {tail} steps {last:.3f}; "
-              f"worst layer {summary[name][f'last{tail}_worst']:.3f}; padding "
-              f"{100 * summary[name][f'last{tail}_padding']:.1f} %; CE {summary[name][f'last{tail}_ce']:.3f}")
+        summary[name] = {
+            "first3_mean_max_mean": first,
+            f"last{tail}_mean_max_mean": last,
+            f"last{tail}_worst": statistics.mean(r["worst"] for r in rows[-tail:]),
+            f"last{tail}_padding": statistics.mean(r["padding"] or 0 for r in rows[-tail:]),
+            f"last{tail}_ce": statistics.mean(r["ce"] for r in rows[-tail:]),
+        }
+        print(
+            f"{name}: mean-over-layers max/mean, first 3 steps {first:.3f} -> last {tail} steps {last:.3f}; "
+            f"worst layer {summary[name][f'last{tail}_worst']:.3f}; padding "
+            f"{100 * summary[name][f'last{tail}_padding']:.1f} %; CE {summary[name][f'last{tail}_ce']:.3f}"
+        )
     path = os.path.join(args.out, "moe_routing.png")
     plot(runs, path, f"nki_moe smoke, skewed router (c={args.skew:g}), LR {args.lr:g}, 1 rank")
     print(f"plot: {path}", flush=True)
@@ -337,20 +397,32 @@ def cost(args, root: str) -> dict:
     base_model(base, config_name, 0.0)  # unskewed: the load a random model routes
     cache, found = os.path.join(root, "cache"), {}
     for nproc in args.cost_nproc:
-        settings = {"SCALE": args.cost_scale, "INIT_FROM": base, "MOE_AUX_LOSS": "0", "MOE_Z_LOSS": "0",
-                    "NPROC": str(nproc), **({"SEQ_LEN": str(args.cost_seq_len)} if args.cost_seq_len else {}),
-                    **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}
+        settings = {
+            "SCALE": args.cost_scale,
+            "INIT_FROM": base,
+            "MOE_AUX_LOSS": "0",
+            "MOE_Z_LOSS": "0",
+            "NPROC": str(nproc),
+            **({"SEQ_LEN": str(args.cost_seq_len)} if args.cost_seq_len else {}),
+            **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}),
+        }
         times, ratios, shares = {"on": [], "off": []}, [], []
         for repeat in range(args.repeats):  # A: whole runs, the watch attached or not
             here = {}
             for watch in ("on", "off") if repeat % 2 == 0 else ("off", "on"):
-                run = launch({**settings, "STEPS": str(args.cost_steps)},
-                             os.path.join(root, f"cost-{nproc}r-{repeat}-{watch}"), watch, cache)
-                kept = [s for s in run["steps"] if "step_s" in s][args.warmup:]
+                run = launch(
+                    {**settings, "STEPS": str(args.cost_steps)},
+                    os.path.join(root, f"cost-{nproc}r-{repeat}-{watch}"),
+                    watch,
+                    cache,
+                )
+                kept = [s for s in run["steps"] if "step_s" in s][args.warmup :]
                 here[watch] = statistics.median(s["step_s"] for s in kept)
                 times[watch].append(here[watch])
-                line = (f"  A {nproc} rank(s), repeat {repeat}, watch {watch}: median {here[watch]:.3f} s/step over "
-                        f"{len(kept)} steps ({spread([s['step_s'] for s in kept])})")
+                line = (
+                    f"  A {nproc} rank(s), repeat {repeat}, watch {watch}: median {here[watch]:.3f} s/step over "
+                    f"{len(kept)} steps ({spread([s['step_s'] for s in kept])})"
+                )
                 if watch == "on":  # the watch's own calls, timed inside the same steps
                     shares.append(statistics.median(s["watch_s"] / s["step_s"] for s in kept))
                     line += f"; loss() + interval() {100 * shares[-1]:.3f} % of a step (median)"
@@ -358,51 +430,88 @@ def cost(args, root: str) -> dict:
             ratios.append(here["on"] / here["off"])
         alternate = {}
         if args.alternate_steps:  # B: one run, the watch on and off by turns (on off off on ...)
-            run = launch({**settings, "STEPS": str(args.alternate_steps)},
-                         os.path.join(root, f"cost-{nproc}r-alternate"), "alternate", cache)
-            kept = [s for s in run["steps"] if "step_s" in s][len(ALTERNATE):]  # a whole ABBA round left out
+            run = launch(
+                {**settings, "STEPS": str(args.alternate_steps)},
+                os.path.join(root, f"cost-{nproc}r-alternate"),
+                "alternate",
+                cache,
+            )
+            kept = [s for s in run["steps"] if "step_s" in s][len(ALTERNATE) :]  # a whole ABBA round left out
             pairs = [(a, b) for a, b in zip(kept[::2], kept[1::2]) if {a["side"], b["side"]} == {"on", "off"}]
-            pair_ratios = [(a if a["side"] == "on" else b)["step_s"] / (b if a["side"] == "on" else a)["step_s"]
-                           for a, b in pairs]
+            pair_ratios = [
+                (a if a["side"] == "on" else b)["step_s"] / (b if a["side"] == "on" else a)["step_s"] for a, b in pairs
+            ]
             on_s = [s["step_s"] for s in kept if s["side"] == "on"]
             off_s = [s["step_s"] for s in kept if s["side"] == "off"]
-            alternate = {"pair_ratios": pair_ratios, "median_pair_ratio": statistics.median(pair_ratios),
-                         "on_s": statistics.median(on_s), "off_s": statistics.median(off_s),
-                         "ratio_of_medians": statistics.median(on_s) / statistics.median(off_s),
-                         "watch_share": statistics.median(s["watch_s"] / s["step_s"] for s in kept
-                                                          if s["side"] == "on")}
-            print(f"  B {nproc} rank(s), {len(kept)} steps by turns: on {alternate['on_s']:.3f} s/step, off "
-                  f"{alternate['off_s']:.3f}; on / off of adjacent steps, median {alternate['median_pair_ratio']:.4f} "
-                  f"(quartiles {quartiles(pair_ratios)}, range {spread(pair_ratios)}, {len(pair_ratios)} pairs); "
-                  f"loss() + interval() {100 * alternate['watch_share']:.3f} % of an on step; "
-                  f"run {run['wall_s']:.0f} s", flush=True)
-        found[nproc] = {"on_s": times["on"], "off_s": times["off"], "ratios": ratios, "watch_share": shares,
-                        "median_ratio": statistics.median(ratios) if ratios else None, "alternate": alternate}
+            alternate = {
+                "pair_ratios": pair_ratios,
+                "median_pair_ratio": statistics.median(pair_ratios),
+                "on_s": statistics.median(on_s),
+                "off_s": statistics.median(off_s),
+                "ratio_of_medians": statistics.median(on_s) / statistics.median(off_s),
+                "watch_share": statistics.median(s["watch_s"] / s["step_s"] for s in kept if s["side"] == "on"),
+            }
+            print(
+                f"  B {nproc} rank(s), {len(kept)} steps by turns: on {alternate['on_s']:.3f} s/step, off "
+                f"{alternate['off_s']:.3f}; on / off of adjacent steps, median {alternate['median_pair_ratio']:.4f} "
+                f"(quartiles {quartiles(pair_ratios)}, range {spread(pair_ratios)}, {len(pair_ratios)} pairs); "
+                f"loss() + interval() {100 * alternate['watch_share']:.3f} % of an on step; "
+                f"run {run['wall_s']:.0f} s",
+                flush=True,
+            )
+        found[nproc] = {
+            "on_s": times["on"],
+            "off_s": times["off"],
+            "ratios": ratios,
+            "watch_share": shares,
+            "median_ratio": statistics.median(ratios) if ratios else None,
+            "alternate": alternate,
+        }
     tokens = f"SEQ_LEN={args.cost_seq_len}" if args.cost_seq_len else "the config's sequence length"
-    print(f"\nthe router watch's cost, {config_name} ({tokens}, OMP_NUM_THREADS={args.threads or 'the launcher'}); "
-          f"on: the watch with MOE_AUX_LOSS=0. A: {args.repeats} pairs of runs of {args.cost_steps} steps (the first "
-          f"{args.warmup} left out), on/off and off/on by turns, off = routing.attach patched to None. B: one run of "
-          f"{args.alternate_steps} steps, the watch on and off by turns (on off off on), off = nothing recorded")
-    print("| ranks | A: on / off, median of repeats (range) | A: on, off s/step | B: on / off, adjacent steps, median "
-          "(quartiles; range) | B: on, off s/step | watch's loss() + interval(), share of an on step "
-          "(A median, range) |")
+    print(
+        f"\nthe router watch's cost, {config_name} ({tokens}, OMP_NUM_THREADS={args.threads or 'the launcher'}); "
+        f"on: the watch with MOE_AUX_LOSS=0. A: {args.repeats} pairs of runs of {args.cost_steps} steps (the first "
+        f"{args.warmup} left out), on/off and off/on by turns, off = routing.attach patched to None. B: one run of "
+        f"{args.alternate_steps} steps, the watch on and off by turns (on off off on), off = nothing recorded"
+    )
+    print(
+        "| ranks | A: on / off, median of repeats (range) | A: on, off s/step | B: on / off, adjacent steps, median "
+        "(quartiles; range) | B: on, off s/step | watch's loss() + interval(), share of an on step "
+        "(A median, range) |"
+    )
     print("|---|---|---|---|---|---|")
     for nproc, f in found.items():
         b = f["alternate"]
-        a_cells = (f"{f['median_ratio']:.4f} ({spread(f['ratios'])})",
-                   f"{statistics.median(f['on_s']):.3f}, {statistics.median(f['off_s']):.3f}") if f["ratios"] \
+        a_cells = (
+            (
+                f"{f['median_ratio']:.4f} ({spread(f['ratios'])})",
+                f"{statistics.median(f['on_s']):.3f}, {statistics.median(f['off_s']):.3f}",
+            )
+            if f["ratios"]
             else ("-", "-")
-        b_cells = (f"{b['median_pair_ratio']:.4f} ({quartiles(b['pair_ratios'])}; {spread(b['pair_ratios'])})",
-                   f"{b['on_s']:.3f}, {b['off_s']:.3f}") \
-            if b else ("-", "-")
-        share = f"{100 * statistics.median(f['watch_share']):.3f} % ({100 * min(f['watch_share']):.3f}-" \
-                f"{100 * max(f['watch_share']):.3f} %)" if f["watch_share"] else "-"
+        )
+        b_cells = (
+            (
+                f"{b['median_pair_ratio']:.4f} ({quartiles(b['pair_ratios'])}; {spread(b['pair_ratios'])})",
+                f"{b['on_s']:.3f}, {b['off_s']:.3f}",
+            )
+            if b
+            else ("-", "-")
+        )
+        share = (
+            f"{100 * statistics.median(f['watch_share']):.3f} % ({100 * min(f['watch_share']):.3f}-"
+            f"{100 * max(f['watch_share']):.3f} %)"
+            if f["watch_share"]
+            else "-"
+        )
         print(f"| {nproc} | {a_cells[0]} | {a_cells[1]} | {b_cells[0]} | {b_cells[1]} | {share} |")
     for nproc, f in found.items():
         for name, ratio in (("A", f["median_ratio"]), ("B", (f["alternate"] or {}).get("median_pair_ratio"))):
             if ratio is not None:
-                print(f"goal (on / off <= 1.01), {name}, {nproc} rank(s): {'met' if ratio <= 1.01 else 'missed'} "
-                      f"({ratio:.4f})")
+                print(
+                    f"goal (on / off <= 1.01), {name}, {nproc} rank(s): {'met' if ratio <= 1.01 else 'missed'} "
+                    f"({ratio:.4f})"
+                )
     return {"config": config_name, "runs": found}
 
 
@@ -417,16 +526,24 @@ def main() -> None:
     cli.add_argument("--lr", type=float, default=3e-3, help="experiment: LR")
     cli.add_argument("--aux", type=float, default=0.01, help="experiment: MOE_AUX_LOSS of the side with the loss")
     cli.add_argument("--skew", type=float, default=1.0, help="experiment: logit raise of experts 0-1 (see above)")
-    cli.add_argument("--cost-scale", default="smoke", choices=["bench", "smoke"],
-                     help="cost: SCALE (bench: nki_moe_qwen3_bench_cpu on CPU, ~2 min a step here)")
+    cli.add_argument(
+        "--cost-scale",
+        default="smoke",
+        choices=["bench", "smoke"],
+        help="cost: SCALE (bench: nki_moe_qwen3_bench_cpu on CPU, ~2 min a step here)",
+    )
     cli.add_argument("--cost-seq-len", type=int, default=2048, help="cost: SEQ_LEN; 0: the config's")
     cli.add_argument("--threads", type=int, default=1, help="cost: OMP_NUM_THREADS per rank; 0: the launcher's")
     cli.add_argument("--cost-nproc", type=int, nargs="+", default=[1, 2])
     cli.add_argument("--cost-steps", type=int, default=12, help="cost: training steps per run")
     cli.add_argument("--warmup", type=int, default=2, help="cost: first steps of a run left out")
     cli.add_argument("--repeats", type=int, default=3, help="cost A: on/off pairs of runs per rank count")
-    cli.add_argument("--alternate-steps", type=int, default=120,
-                     help="cost B: steps of the run with the watch on and off by turns; 0: none")
+    cli.add_argument(
+        "--alternate-steps",
+        type=int,
+        default=120,
+        help="cost B: steps of the run with the watch on and off by turns; 0: none",
+    )
     cli.add_argument("--skip-experiment", action="store_true")
     cli.add_argument("--skip-cost", action="store_true")
     args = cli.parse_args()

@@ -24,11 +24,19 @@ DEFAULT_TOKENS, DEFAULT_INTERVAL = 48, 10
 
 def run(scale: str, steps: int, tokens: int, tmp: str) -> dict:
     out = os.path.join(tmp, scale)
-    env = dict(os.environ, VARIANT="native", SCALE=scale, STEPS=str(steps), SAMPLE_TOKENS=str(tokens),
-               SAMPLE_INTERVAL="2", SAMPLE_PROMPTS=os.path.join(REPO, "recipes", "neuron_qwen3", "assets",
-                                                                 "samples.jsonl"),
-               OUTPUT_DIR=out, CACHE_DIR=os.path.join(tmp, "cache"), DEVICE="cpu",
-               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "recipes"), REPO]))
+    env = dict(
+        os.environ,
+        VARIANT="native",
+        SCALE=scale,
+        STEPS=str(steps),
+        SAMPLE_TOKENS=str(tokens),
+        SAMPLE_INTERVAL="2",
+        SAMPLE_PROMPTS=os.path.join(REPO, "recipes", "neuron_qwen3", "assets", "samples.jsonl"),
+        OUTPUT_DIR=out,
+        CACHE_DIR=os.path.join(tmp, "cache"),
+        DEVICE="cpu",
+        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "recipes"), REPO]),
+    )
     result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     with open(os.path.join(out, "report", "summary.json")) as f:
@@ -48,12 +56,14 @@ def main() -> None:
             forward = samples["seconds"] / samples["forwards"]
             window = samples["shapes"][0]
             share = DEFAULT_TOKENS * forward / (DEFAULT_INTERVAL * step)
-            print(f"{scale}: window {window[0]} x {window[1]}, {summary['steps']['done']} steps, "
-                  f"{samples['forwards']} sampling forward passes in {samples['seconds']:.2f} s: "
-                  f"{forward * 1e3:.1f} ms each against a {step * 1e3:.1f} ms training step "
-                  f"({forward / step:.2f} of a step); a {DEFAULT_TOKENS}-token round every {DEFAULT_INTERVAL} steps: "
-                  f"{share:.0%} of the interval; the interval that keeps it under 5 %: "
-                  f"{DEFAULT_TOKENS * forward / (0.05 * step):.0f} steps")
+            print(
+                f"{scale}: window {window[0]} x {window[1]}, {summary['steps']['done']} steps, "
+                f"{samples['forwards']} sampling forward passes in {samples['seconds']:.2f} s: "
+                f"{forward * 1e3:.1f} ms each against a {step * 1e3:.1f} ms training step "
+                f"({forward / step:.2f} of a step); a {DEFAULT_TOKENS}-token round every {DEFAULT_INTERVAL} steps: "
+                f"{share:.0%} of the interval; the interval that keeps it under 5 %: "
+                f"{DEFAULT_TOKENS * forward / (0.05 * step):.0f} steps"
+            )
 
 
 if __name__ == "__main__":

@@ -26,17 +26,35 @@ from neuron_qwen3.prelaunch import selftest as names  # the log patterns: LOSS_L
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(names.COLOUR)
 STEP = re.compile(r"step:\s*(\d+)\s")
-STOP = re.compile(r"stop: SIGTERM at step (\d+): saved step-\d+ \(([\d.]+) s; ([\d.]+) s since the signal\); "
-                  r"exiting 143")
+STOP = re.compile(
+    r"stop: SIGTERM at step (\d+): saved step-\d+ \(([\d.]+) s; ([\d.]+) s since the signal\); "
+    r"exiting 143"
+)
 SIGNAL_AFTER, STEPS = 4, 20
 
 
 def run(tmp, name, *extra, stop=False) -> tuple[int, str, float | None]:
-    env = dict(os.environ, VARIANT="native", SCALE="smoke", NPROC="2", STEPS=str(STEPS), PREFLIGHT="warn",
-               OUTPUT_DIR=f"{tmp}/{name}/out", CACHE_DIR=f"{tmp}/cache", PYTHONUNBUFFERED="1",
-               EXTRA_ARGS=" ".join(extra), **({"CHECKPOINT_DIR": f"{tmp}/{name}/checkpoint"} if stop else {}))
-    launcher = subprocess.Popen([sys.executable, "-m", "entrypoint"], cwd=REPO, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = dict(
+        os.environ,
+        VARIANT="native",
+        SCALE="smoke",
+        NPROC="2",
+        STEPS=str(STEPS),
+        PREFLIGHT="warn",
+        OUTPUT_DIR=f"{tmp}/{name}/out",
+        CACHE_DIR=f"{tmp}/cache",
+        PYTHONUNBUFFERED="1",
+        EXTRA_ARGS=" ".join(extra),
+        **({"CHECKPOINT_DIR": f"{tmp}/{name}/checkpoint"} if stop else {}),
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "entrypoint"],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     output, signalled = [], None
     for line in launcher.stdout:
         output.append(ANSI.sub("", line))
@@ -62,16 +80,20 @@ def main() -> int:
             print(f"status {status}: no save on stop found")
             return 1
         save, in_worker = float(stop[2]), float(stop[3])
-        print(f"SIGTERM after step {SIGNAL_AFTER} -> saved step-{stop[1]} -> launcher exit 143: {took:.2f} s "
-              f"(in-flight step {in_worker - save:.2f} s, save {save:.2f} s, exits {took - in_worker:.2f} s)")
+        print(
+            f"SIGTERM after step {SIGNAL_AFTER} -> saved step-{stop[1]} -> launcher exit 143: {took:.2f} s "
+            f"(in-flight step {in_worker - save:.2f} s, save {save:.2f} s, exits {took - in_worker:.2f} s)"
+        )
         for name, extra in (("with", ()), ("without", ("--stop.no-enable",)), ("with-again", ())):
             if run(tmp, name, *extra)[0] != 0:
                 print(f"the {name} run failed")
                 return 1
         with_stop = statistics.mean([step_time(tmp, "with"), step_time(tmp, "with-again")])
         without = step_time(tmp, "without")
-        print(f"stop agreement, same invocation: {with_stop:.3f} s/step with it, {without:.3f} s/step without "
-              f"({100 * (with_stop - without) / without:+.2f}%)")
+        print(
+            f"stop agreement, same invocation: {with_stop:.3f} s/step with it, {without:.3f} s/step without "
+            f"({100 * (with_stop - without) / without:+.2f}%)"
+        )
     return 0
 
 

@@ -58,19 +58,26 @@ from neuron_qwen3.hf import load, weights
 REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 CHUNK = 64 << 20
 DROP_CACHES = "/proc/sys/vm/drop_caches"
-CACHE_METHODS = {"drop_caches": "`sync; echo 3 > /proc/sys/vm/drop_caches`, the whole page cache",
-                 "fadvise": "/proc/sys/vm/drop_caches not writable: each safetensors file fsynced and "
-                            "posix_fadvise(DONTNEED)",
-                 "warm": "warm, not dropped"}
-BASE = {"export": "plain write", "old export": "plain write", "INIT_FROM load": "plain read",
-        "torchtitan load": "plain read"}  # each side's plain baseline
+CACHE_METHODS = {
+    "drop_caches": "`sync; echo 3 > /proc/sys/vm/drop_caches`, the whole page cache",
+    "fadvise": "/proc/sys/vm/drop_caches not writable: each safetensors file fsynced and posix_fadvise(DONTNEED)",
+    "warm": "warm, not dropped",
+}
+BASE = {
+    "export": "plain write",
+    "old export": "plain write",
+    "INIT_FROM load": "plain read",
+    "torchtitan load": "plain read",
+}  # each side's plain baseline
 GOALS = {"export": 0.8, "INIT_FROM load": 0.9}  # the project's goals; the others are references
 SIZES = {  # name: (shape, what it is)
     "smoke": (shapes.SMOKE, "the smoke shape"),
     "0.6b": (shapes.FLAVORS["0.6B"], "Qwen3-0.6B"),
     "1b": (dataclasses.replace(shapes.FLAVORS["1.7B"], n_layers=16), "Qwen3-1.7B's width, 16 of its 28 layers"),
-    "a3b-2l": (dataclasses.replace(shapes.FLAVORS["30B-A3B"], n_layers=2, num_experts=8, top_k=2),
-               "Qwen3-30B-A3B's width, 2 layers of 8 experts"),
+    "a3b-2l": (
+        dataclasses.replace(shapes.FLAVORS["30B-A3B"], n_layers=2, num_experts=8, top_k=2),
+        "Qwen3-30B-A3B's width, 2 layers of 8 experts",
+    ),
 }
 
 
@@ -132,8 +139,10 @@ def old_export(trainer, target: str, dtype) -> None:
         if keep:
             states[key] = full.detach().to("cpu")
     if keep:
-        tensors = {key: own_storage(value.to(dtype) if value.is_floating_point() else value)
-                   for key, value in weights._adapter(trainer).to_hf(states).items()}
+        tensors = {
+            key: own_storage(value.to(dtype) if value.is_floating_point() else value)
+            for key, value in weights._adapter(trainer).to_hf(states).items()
+        }
         staging = f"{target}.partial"
         os.makedirs(staging)
         save_torch_state_dict(tensors, staging, max_shard_size="5GB")
@@ -191,8 +200,12 @@ def measured(fn, *args) -> dict:
     before, read, start = memory_kib("VmRSS"), disk_read_bytes(), time.perf_counter()
     fn(*args)
     dist.barrier()
-    return {"s": time.perf_counter() - start, "rss": before << 10, "peak": memory_kib("VmHWM") << 10,
-            "disk": disk_read_bytes() - read}
+    return {
+        "s": time.perf_counter() - start,
+        "rss": before << 10,
+        "peak": memory_kib("VmHWM") << 10,
+        "disk": disk_read_bytes() - read,
+    }
 
 
 def plain_write(target: str, size: int, block: bytes) -> None:
@@ -274,12 +287,14 @@ def worker(args) -> None:
     method = [drop_caches_method() if rank == 0 and args.cold else None]
     dist.broadcast_object_list(method, src=0)
     method = method[0]
-    writes = {"plain write": (plain_write, (plain, size, block), plain),
-              "export": (synced_export, (trainer, new), new)}
+    writes = {"plain write": (plain_write, (plain, size, block), plain), "export": (synced_export, (trainer, new), new)}
     if not args.new_only:
         writes["old export"] = (old_export, (trainer, old, dtype), old)
-    reads = {"plain read": (plain_read, (source, buffer)), "INIT_FROM load": (own_load, (trainer, source)),
-             "torchtitan load": (torchtitan_load, (trainer, source))}
+    reads = {
+        "plain read": (plain_read, (source, buffer)),
+        "INIT_FROM load": (own_load, (trainer, source)),
+        "torchtitan load": (torchtitan_load, (trainer, source)),
+    }
     rows = {name: [] for name in (*writes, *reads)}
     for repeat in range(args.repeats):
         for name in in_order(list(writes), repeat):
@@ -330,16 +345,22 @@ def report(args, label, parameters, size, files, largest, world, everyone, metho
     rows = everyone[0]
     median = {name: statistics.median(r["s"] for r in runs) for name, runs in rows.items() if runs}
     cache = f"dropped before each read and load ({CACHE_METHODS[method]})" if args.cold else "warm"
-    print(f"{args.size} ({label}): {parameters / 1e9:.3f} B parameters, {size / 1e6:.0f} MB of {args.dtype} "
-          f"safetensors in {files} file(s) (largest {largest / 1e6:.0f} MB; limit {args.max_shard_mb} MB), "
-          f"{world} rank(s), {args.repeats} repeats, page cache {cache}")
+    print(
+        f"{args.size} ({label}): {parameters / 1e9:.3f} B parameters, {size / 1e6:.0f} MB of {args.dtype} "
+        f"safetensors in {files} file(s) (largest {largest / 1e6:.0f} MB; limit {args.max_shard_mb} MB), "
+        f"{world} rank(s), {args.repeats} repeats, page cache {cache}"
+    )
     ratios = ratio_rows(rows)
-    print(f"  {'side':<16} {'baseline':<12} {'side s':>8} {'base s':>8} {'side GB/s':>9}  "
-          f"{'ratio: median (range of repeats)':<34} goal")
+    print(
+        f"  {'side':<16} {'baseline':<12} {'side s':>8} {'base s':>8} {'side GB/s':>9}  "
+        f"{'ratio: median (range of repeats)':<34} goal"
+    )
     for name, ratio in ratios.items():
         base = BASE[name]
-        print(f"  {name:<16} {base:<12} {median[name]:8.3f} {median[base]:8.3f} {size / median[name] / 1e9:9.3f}  "
-              f"{ratio['median']:5.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f}x){'':<18} {verdict(name, ratio)}")
+        print(
+            f"  {name:<16} {base:<12} {median[name]:8.3f} {median[base]:8.3f} {size / median[name] / 1e9:9.3f}  "
+            f"{ratio['median']:5.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f}x){'':<18} {verdict(name, ratio)}"
+        )
     for name in ("export", "old export", "INIT_FROM load", "torchtitan load"):
         if not rows.get(name):
             continue
@@ -354,10 +375,20 @@ def report(args, label, parameters, size, files, largest, world, everyone, metho
             read = [max(r["disk"] for r in each[name]) / 1e6 for each in everyone]
             print(f"  {name + ' disk':<22} MB read from the disk, per rank: {', '.join(f'{mb:.0f}' for mb in read)}")
     peaks = {name: [max(r["peak"] - r["rss"] for r in each[name]) for each in everyone] for name in median}
-    result = {"size": args.size, "label": label, "ranks": world, "bytes": size, "files": files, "largest": largest,
-              "repeats": args.repeats, "cache": method if args.cold else "warm", "median_s": median,
-              "seconds": {name: [r["s"] for r in runs] for name, runs in rows.items()}, "ratios": ratios,
-              "peak_extra_bytes": peaks}
+    result = {
+        "size": args.size,
+        "label": label,
+        "ranks": world,
+        "bytes": size,
+        "files": files,
+        "largest": largest,
+        "repeats": args.repeats,
+        "cache": method if args.cold else "warm",
+        "median_s": median,
+        "seconds": {name: [r["s"] for r in runs] for name, runs in rows.items()},
+        "ratios": ratios,
+        "peak_extra_bytes": peaks,
+    }
     print(json.dumps(result))
     return result
 
@@ -373,9 +404,11 @@ def summary(results: list) -> None:
     for result in results:
         for name, ratio in result["ratios"].items():
             base = BASE[name]
-            print(f"| {result['size']} | {result['ranks']} | {name} / {base} | {result['median_s'][name]:.3f} | "
-                  f"{result['median_s'][base]:.3f} | {ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f}x) "
-                  f"| {verdict(name, ratio)} |")
+            print(
+                f"| {result['size']} | {result['ranks']} | {name} / {base} | {result['median_s'][name]:.3f} | "
+                f"{result['median_s'][base]:.3f} | {ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f}x) "
+                f"| {verdict(name, ratio)} |"
+            )
     methods = sorted({result["cache"] for result in results})
     print(f"page cache: {'; '.join(CACHE_METHODS[m] for m in methods)}")
 
@@ -388,8 +421,12 @@ def main() -> None:
     cli.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     cli.add_argument("--max-shard-mb", type=int, default=5000, help="--export.max_shard_mb (default 5000: 5GB)")
     cli.add_argument("--new-only", action="store_true", help="leave out the old export (it holds the model twice)")
-    cli.add_argument("--cold", action="store_true", help="drop the page cache before each read and load (drop_caches "
-                     "where writable, else posix_fadvise of the files)")
+    cli.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop the page cache before each read and load (drop_caches "
+        "where writable, else posix_fadvise of the files)",
+    )
     cli.add_argument("--dir", default=None, help="where the safetensors go (default: a temporary folder)")
     cli.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     cli.add_argument("--size", help=argparse.SUPPRESS)
@@ -397,21 +434,50 @@ def main() -> None:
     if args.worker:
         return worker(args)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (os.path.join(REPO, "recipes"), REPO,
-                                                                      os.environ.get("PYTHONPATH")))),
-           "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}  # freed tensors go back to the kernel: RSS is what is live
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, (os.path.join(REPO, "recipes"), REPO, os.environ.get("PYTHONPATH")))
+        ),
+        "MALLOC_MMAP_THRESHOLD_": str(1 << 20),
+    }  # freed tensors go back to the kernel: RSS is what is live
     results = []
     for size in args.sizes:
         for nproc in args.nproc:
             with tempfile.TemporaryDirectory(dir=args.dir) as root:
                 env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-                subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                                "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--local-ranks-filter",
-                                "0", "-m", "bench.bench_weights", "--worker", "--size", size, "--dir", root,
-                                "--repeats", str(args.repeats), "--dtype", args.dtype, "--max-shard-mb",
-                                str(args.max_shard_mb), *(["--new-only"] if args.new_only else []),
-                                *(["--cold"] if args.cold else [])],
-                               env=env, cwd=REPO, check=True)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.run",
+                        f"--nproc_per_node={nproc}",
+                        "--rdzv_backend",
+                        "c10d",
+                        "--rdzv_endpoint",
+                        "localhost:0",
+                        "--local-ranks-filter",
+                        "0",
+                        "-m",
+                        "bench.bench_weights",
+                        "--worker",
+                        "--size",
+                        size,
+                        "--dir",
+                        root,
+                        "--repeats",
+                        str(args.repeats),
+                        "--dtype",
+                        args.dtype,
+                        "--max-shard-mb",
+                        str(args.max_shard_mb),
+                        *(["--new-only"] if args.new_only else []),
+                        *(["--cold"] if args.cold else []),
+                    ],
+                    env=env,
+                    cwd=REPO,
+                    check=True,
+                )
                 with open(os.path.join(root, "result.json")) as f:
                     results.append(json.load(f))
     summary(results)

@@ -48,11 +48,20 @@ def table(runs: dict) -> str:
     rows = []
     for name, s in runs.items():
         ratio = s["tokens_per_s"] / first if first and s.get("tokens_per_s") else None
-        rows.append((name, s["end"], f"{s['steps']['done']}/{s['steps']['planned']}",
-                     _number(s.get("tokens_per_s"), 1), _number(ratio, 2), _number(s.get("step_time_s"), 3),
-                     _number(s["mfu"]["pct"], 2) if s["mfu"]["pct"] is not None else "n/a",
-                     _number(s.get("peak_memory_gib"), 2), _number(s.get("first_loss"), 4),
-                     _number(s.get("last_loss"), 4)))
+        rows.append(
+            (
+                name,
+                s["end"],
+                f"{s['steps']['done']}/{s['steps']['planned']}",
+                _number(s.get("tokens_per_s"), 1),
+                _number(ratio, 2),
+                _number(s.get("step_time_s"), 3),
+                _number(s["mfu"]["pct"], 2) if s["mfu"]["pct"] is not None else "n/a",
+                _number(s.get("peak_memory_gib"), 2),
+                _number(s.get("first_loss"), 4),
+                _number(s.get("last_loss"), 4),
+            )
+        )
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     reasons = {s["mfu"]["peak_source"] for s in runs.values() if s["mfu"]["pct"] is None}
@@ -95,8 +104,13 @@ def run_variants(out: Path) -> list:
 def main(argv=None) -> int:
     cli = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
     cli.add_argument("folders", nargs="*", help="run folders (OUTPUT_DIR or OUTPUT_DIR/report)")
-    cli.add_argument("--run", nargs="?", const="", metavar="OUT",
-                     help="run every variant first, into OUT/<variant> (default $OUTPUT_DIR/compare)")
+    cli.add_argument(
+        "--run",
+        nargs="?",
+        const="",
+        metavar="OUT",
+        help="run every variant first, into OUT/<variant> (default $OUTPUT_DIR/compare)",
+    )
     cli.add_argument("--plot", type=Path, help="where to write the loss curves (PNG)")
     args = cli.parse_args(argv)
     folders = args.folders

@@ -27,14 +27,24 @@ REPO = Path(__file__).resolve().parent.parent
 def run(variant: str, compiled: bool, how: str, steps: int, out: Path) -> dict:
     """One training run; its summary.json (or the exit status when it left none)."""
     folder = out / f"{variant}-{'compile' if compiled else 'eager'}-{how}"
-    env = {**os.environ, "VARIANT": variant, "SCALE": "bench", "COMPILE": str(int(compiled)), "STEPS": str(steps),
-           "OUTPUT_DIR": str(folder), "CACHE_DIR": str(out / "cache")}
+    env = {
+        **os.environ,
+        "VARIANT": variant,
+        "SCALE": "bench",
+        "COMPILE": str(int(compiled)),
+        "STEPS": str(steps),
+        "OUTPUT_DIR": str(folder),
+        "CACHE_DIR": str(out / "cache"),
+    }
     launcher = [sys.executable, "-m", "entrypoint"]
     if how == "launcher":
         argv, run_env = launcher, env
     else:  # the command the launcher would run, typed by hand
-        plan = json.loads(subprocess.run([*launcher, "--dry-run"], env=env, cwd=REPO, check=True,
-                                         capture_output=True, text=True).stdout)
+        plan = json.loads(
+            subprocess.run(
+                [*launcher, "--dry-run"], env=env, cwd=REPO, check=True, capture_output=True, text=True
+            ).stdout
+        )
         argv, run_env = plan["argv"], {**env, **plan["env"]}
     print(f"gpu_compare: {folder.name}", flush=True)
     with open(out / f"{folder.name}.log", "w") as log:
@@ -51,8 +61,11 @@ def _fmt(value, digits=1):
 def report(results: list) -> str:
     by_key = {(r["variant"], r["compiled"], r["how"]): r for r in results}
     tps = lambda key: by_key.get(key, {}).get("summary", {}).get("tokens_per_s")  # noqa: E731
-    lines = ["| variant | mode | exit | end | tokens/s launcher | tokens/s by hand | launcher/by hand | MFU % "
-             "| compiled/eager (launcher) |", "|" + "---|" * 9]
+    lines = [
+        "| variant | mode | exit | end | tokens/s launcher | tokens/s by hand | launcher/by hand | MFU % "
+        "| compiled/eager (launcher) |",
+        "|" + "---|" * 9,
+    ]
     for variant in dict.fromkeys(r["variant"] for r in results):
         for compiled in (False, True):
             launched, by_hand = tps((variant, compiled, "launcher")), tps((variant, compiled, "by-hand"))
@@ -60,9 +73,11 @@ def report(results: list) -> str:
             eager = tps((variant, False, "launcher"))
             speedup = launched / eager if compiled and launched and eager else None
             ratio = launched / by_hand if launched and by_hand else None
-            lines.append(f"| {variant} | {'compile' if compiled else 'eager'} | {r['exit']} | "
-                         f"{r['summary'].get('end', '-')} | {_fmt(launched)} | {_fmt(by_hand)} | {_fmt(ratio, 3)} | "
-                         f"{_fmt((r['summary'].get('mfu') or {}).get('pct'), 2)} | {_fmt(speedup, 2)} |")
+            lines.append(
+                f"| {variant} | {'compile' if compiled else 'eager'} | {r['exit']} | "
+                f"{r['summary'].get('end', '-')} | {_fmt(launched)} | {_fmt(by_hand)} | {_fmt(ratio, 3)} | "
+                f"{_fmt((r['summary'].get('mfu') or {}).get('pct'), 2)} | {_fmt(speedup, 2)} |"
+            )
     return "\n".join(lines)
 
 
@@ -72,8 +87,9 @@ def main(argv=None) -> int:
     cli.add_argument("--out", type=Path, default=REPO / "outputs" / "gpu_compare")
     cli.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     args = cli.parse_args(argv)
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True
+    )
     if probe.stdout.strip() != "True":
         print("gpu_compare: no CUDA device here; this benchmark needs one", file=sys.stderr)
         return 2

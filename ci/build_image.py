@@ -35,8 +35,17 @@ DEFAULT_BASE = "public.ecr.aws/neuron/pytorch-training-neuronx:2.14.0-neuronx-py
 # file the user supplies; its commit could not be looked up here, so there is no default: --torchtitan-neuron-ref.
 COMMIT = re.compile(r"[0-9a-f]{40}")
 # What the build context holds (the allowlist of .dockerignore; tests/test_image.py checks they agree).
-CONTEXT = ("Dockerfile", ".dockerignore", "requirements.lock", "requirements-torch.lock", "pyproject.toml", "ci/image",
-           ".wheelhouse", "entrypoint", "recipes")
+CONTEXT = (
+    "Dockerfile",
+    ".dockerignore",
+    "requirements.lock",
+    "requirements-torch.lock",
+    "pyproject.toml",
+    "ci/image",
+    ".wheelhouse",
+    "entrypoint",
+    "recipes",
+)
 LOCK = REPO / "requirements.lock"
 TORCH_LOCK = REPO / "requirements-torch.lock"
 
@@ -95,8 +104,11 @@ def stream_build(client, out=sys.stderr, **kwargs):
         raise BuildError("the build ended without an image ID:\n" + "".join(lines[-40:]))
     tags = [kwargs["tag"]] if kwargs.get("tag") else []
     result = BuildResult(image_id, tags, time.monotonic() - started, steps)
-    print(f"[{result.seconds:6.1f}s] built {image_id[:19]}: {len(steps)} steps, {result.cached_steps} from cache",
-          file=out, flush=True)
+    print(
+        f"[{result.seconds:6.1f}s] built {image_id[:19]}: {len(steps)} steps, {result.cached_steps} from cache",
+        file=out,
+        flush=True,
+    )
     return result
 
 
@@ -106,8 +118,12 @@ def copy_context(dest):
     for name in CONTEXT:
         source = REPO / name
         if source.is_dir():
-            shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-                            copy_function=os.link if name == ".wheelhouse" else shutil.copy2)
+            shutil.copytree(
+                source,
+                dest / name,
+                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                copy_function=os.link if name == ".wheelhouse" else shutil.copy2,
+            )
         elif source.exists():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / name)
@@ -121,6 +137,7 @@ def pinned_versions():
 
 def git_revision():
     """Full commit id, '-dirty' when the tree differs from it; 'uncommitted' before the first commit."""
+
     def git(*args):
         return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
 
@@ -159,9 +176,11 @@ def ensure_base(client, base_image, out):
 
 def prepare_wheelhouse(dest, target, torchtitan, neuron_wheel, neuron_ref, out):
     if torchtitan == "neuron" and not neuron_wheel and not COMMIT.fullmatch(neuron_ref or ""):
-        raise BuildError(f"--torchtitan neuron needs --torchtitan-neuron-ref=<a 40-hex commit of "
-                         f"aws-neuron/torchtitan-neuron> (a pinned build), not {neuron_ref!r}; or "
-                         "--torchtitan-neuron-wheel=<a wheel you built>")
+        raise BuildError(
+            f"--torchtitan neuron needs --torchtitan-neuron-ref=<a 40-hex commit of "
+            f"aws-neuron/torchtitan-neuron> (a pinned build), not {neuron_ref!r}; or "
+            "--torchtitan-neuron-wheel=<a wheel you built>"
+        )
     requirements = wheelhouse.parse_lock(LOCK)
     if not target["triton"]:  # see ci/image/install-packages.sh: torchtitan imports triton
         requirements += [r for r in wheelhouse.parse_lock(TORCH_LOCK) if r.name == "triton"]
@@ -173,24 +192,43 @@ def prepare_wheelhouse(dest, target, torchtitan, neuron_wheel, neuron_ref, out):
             shutil.copy2(neuron_wheel, dest)
         else:
             source = f"git+https://github.com/aws-neuron/torchtitan-neuron@{neuron_ref}"
-            done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(dest), source],
-                                  capture_output=True, text=True)
+            done = subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(dest), source],
+                capture_output=True,
+                text=True,
+            )
             if done.returncode:
-                raise BuildError(f"could not build the torchtitan-neuron wheel from {source} (pass "
-                                 f"--torchtitan-neuron-wheel instead):\n{done.stderr[-2000:]}")
+                raise BuildError(
+                    f"could not build the torchtitan-neuron wheel from {source} (pass "
+                    f"--torchtitan-neuron-wheel instead):\n{done.stderr[-2000:]}"
+                )
 
 
-def build(client, base_image=DEFAULT_BASE, hermetic=True, torchtitan="pypi", neuron_ref=None,
-          neuron_wheel=None, nocache=False, extra_tags=(), tags=None, context=REPO, out=sys.stderr):
+def build(
+    client,
+    base_image=DEFAULT_BASE,
+    hermetic=True,
+    torchtitan="pypi",
+    neuron_ref=None,
+    neuron_wheel=None,
+    nocache=False,
+    extra_tags=(),
+    tags=None,
+    context=REPO,
+    out=sys.stderr,
+):
     """Build the image on `client` from `context` (the repo, or a copy_context() of it); returns a BuildResult
     whose tags (default: tags_for() the base and the git revision) are all applied."""
     context = Path(context)
     started = time.monotonic()
     ensure_base(client, base_image, out)
     target = wheelhouse.probe(client, base_image)
-    print(f"base {base_image}: Python {target['python_full_version']}, torch {target['torch']}, "
-          f"torch-neuronx {target['torch_neuronx']}, triton {'yes' if target['triton'] else 'no'}",
-          file=out, flush=True)
+    print(
+        f"base {base_image}: Python {target['python_full_version']}, torch {target['torch']}, "
+        f"torch-neuronx {target['torch_neuronx']}, triton {'yes' if target['triton'] else 'no'}",
+        file=out,
+        flush=True,
+    )
     if not target["torch"]:
         raise BuildError(f"base image {base_image} has no torch: use the Neuron DLC or the stand-in (ci/standin.py)")
     if hermetic:
@@ -206,14 +244,22 @@ def build(client, base_image=DEFAULT_BASE, hermetic=True, torchtitan="pypi", neu
         "TORCHTITAN": torchtitan,
         "TORCHTITAN_NEURON_REF": neuron_ref or "",
         "VCS_REF": revision,
-        "BUILD_DATE": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "BUILD_DATE": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "TORCHTITAN_VERSION": torchtitan_version,
         "TRANSFORMERS_VERSION": transformers_version,
         "TORCH_VERSION": target["torch"],
         "NEURON_SDK": (re.search(r"sdk(\d+(?:\.\d+)*)", base_image) or [None, "none"])[1],
     }
-    result = stream_build(client, out=out, path=str(context), dockerfile="Dockerfile", tag=tags[0], buildargs=buildargs,
-                          nocache=nocache, network_mode="none" if hermetic else None)
+    result = stream_build(
+        client,
+        out=out,
+        path=str(context),
+        dockerfile="Dockerfile",
+        tag=tags[0],
+        buildargs=buildargs,
+        nocache=nocache,
+        network_mode="none" if hermetic else None,
+    )
     for ref in tags[1:]:
         repository, _, image_tag = ref.rpartition(":")
         client.api.tag(result.image_id, repository, image_tag)
@@ -227,8 +273,12 @@ def main(argv=None):
     cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument("--base-image", default=DEFAULT_BASE, help="the image to build on (default: the 2.33 DLC)")
     cli.add_argument("--online", action="store_true", help="let pip in the build use the index (no wheelhouse)")
-    cli.add_argument("--torchtitan", choices=("pypi", "neuron"), default="pypi",
-                     help="pypi: torchtitan 0.3.0 from the lock; neuron: also the torchtitan-neuron fork")
+    cli.add_argument(
+        "--torchtitan",
+        choices=("pypi", "neuron"),
+        default="pypi",
+        help="pypi: torchtitan 0.3.0 from the lock; neuron: also the torchtitan-neuron fork",
+    )
     cli.add_argument("--torchtitan-neuron-ref", help="the fork's commit (40 hex) for --torchtitan neuron")
     cli.add_argument("--torchtitan-neuron-wheel", help="a wheel of the fork built elsewhere (hermetic builds)")
     cli.add_argument("--tag", action="append", default=[], help="an extra tag (repeatable)")
@@ -239,9 +289,16 @@ def main(argv=None):
 
     with Engine() as client:
         try:
-            result = build(client, args.base_image, hermetic=not args.online, torchtitan=args.torchtitan,
-                           neuron_ref=args.torchtitan_neuron_ref, neuron_wheel=args.torchtitan_neuron_wheel,
-                           nocache=args.no_cache, extra_tags=args.tag)
+            result = build(
+                client,
+                args.base_image,
+                hermetic=not args.online,
+                torchtitan=args.torchtitan,
+                neuron_ref=args.torchtitan_neuron_ref,
+                neuron_wheel=args.torchtitan_neuron_wheel,
+                nocache=args.no_cache,
+                extra_tags=args.tag,
+            )
         except BuildError as error:
             print(f"build_image: {error}", file=sys.stderr)
             return 1

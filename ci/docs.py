@@ -18,18 +18,24 @@ DOCS = ("README.md", "docs/settings.md", "docs/production.md")
 
 def variant_table() -> str:
     rows = ["| `VARIANT` | what trains | full scale | smoke | bench (accelerator, CPU) |", "|---|---|---|---|---|"]
-    rows += [f"| `{v.name}`{' (default)' if v.name == DEFAULT_VARIANT else ''} | {v.summary} | `{v.configs['full']}`"
-             f" (any MODEL: `{v.model_config}`) | `{v.configs['smoke']}` | `{v.configs['bench']}`, "
-             f"`{v.configs['bench_cpu']}` |" for v in VARIANTS.values()]
+    rows += [
+        f"| `{v.name}`{' (default)' if v.name == DEFAULT_VARIANT else ''} | {v.summary} | `{v.configs['full']}`"
+        f" (any MODEL: `{v.model_config}`) | `{v.configs['smoke']}` | `{v.configs['bench']}`, "
+        f"`{v.configs['bench_cpu']}` |"
+        for v in VARIANTS.values()
+    ]
     return "\n".join(rows)
 
 
 def settings_table(groups) -> str:
     """The variables of the contract's `groups`, as docs/settings.md and docs/production.md show them."""
     rows = ["| variable | default | accepts | torchtitan flag | meaning |", "|---|---|---|---|---|"]
-    rows += [f"| `{var.name}` | {f'`{var.default}`' if var.default else '-'} | {var.allowed} | "
-             f"{f'`{var.flag}`' if var.flag else '-'} | {var.meaning} |"
-             for var in contract.VARS if var.group in groups]
+    rows += [
+        f"| `{var.name}` | {f'`{var.default}`' if var.default else '-'} | {var.allowed} | "
+        f"{f'`{var.flag}`' if var.flag else '-'} | {var.meaning} |"
+        for var in contract.VARS
+        if var.group in groups
+    ]
     return "\n".join(rows)
 
 

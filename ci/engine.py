@@ -46,8 +46,9 @@ def apt_install(package, command):
     if shutil.which(command):
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise EngineError(f"{command} is missing and this job can install it only as root with apt-get: "
-                          f"apt-get install {package}")
+        raise EngineError(
+            f"{command} is missing and this job can install it only as root with apt-get: apt-get install {package}"
+        )
     log(f"{command} not found: apt-get install {package}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package]):
@@ -89,15 +90,25 @@ class Engine:
         if pidfile.exists():  # a dockerd of ours that died without cleaning up; it would refuse to start
             pidfile.unlink()
         logfile = open(self.root / "dockerd.log", "ab")
-        argv = ["dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
-                "--host", f"unix://{self.socket}", "--pidfile", str(pidfile)]
+        argv = [
+            "dockerd",
+            "--data-root",
+            str(self.root / "data"),
+            "--exec-root",
+            str(self.root / "exec"),
+            "--host",
+            f"unix://{self.socket}",
+            "--pidfile",
+            str(pidfile),
+        ]
         log(f"starting {' '.join(argv)}")
         self.process = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise EngineError(f"dockerd exited with status {self.process.returncode}; "
-                                  f"its log: {self.root / 'dockerd.log'}")
+                raise EngineError(
+                    f"dockerd exited with status {self.process.returncode}; its log: {self.root / 'dockerd.log'}"
+                )
             self.client = _answering(f"unix://{self.socket}")
             if self.client:
                 self.url = f"unix://{self.socket}"

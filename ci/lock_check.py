@@ -25,8 +25,12 @@ LOCKS = ("requirements.lock", "requirements-torch.lock", "requirements-dev.lock"
 
 def regenerate(folder):
     """Problems found when `make lock` writes the locks into `folder` and they are compared with the repo's."""
-    done = subprocess.run(["make", "-s", "-o", ".venv/.locks-installed", "lock", f"LOCK_DIR={folder}"], cwd=REPO,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["make", "-s", "-o", ".venv/.locks-installed", "lock", f"LOCK_DIR={folder}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode:
         return [f"make lock could not resolve:\n{done.stderr[-3000:]}"]
     problems = []
@@ -36,21 +40,45 @@ def regenerate(folder):
         for key in sorted(ours.keys() | theirs.keys()):
             a, b = ours.get(key), theirs.get(key)
             if a is None or b is None or (a.version, set(a.hashes)) != (b.version, set(b.hashes)):
-                problems.append(f"{name}: {key[0]} {a.version if a else '(absent)'} -> {b.version if b else '(absent)'}")
+                problems.append(
+                    f"{name}: {key[0]} {a.version if a else '(absent)'} -> {b.version if b else '(absent)'}"
+                )
     return problems
 
 
 def installs_on_python_314(folder):
     """Problems installing requirements.lock for the DLC's Python 3.14 (wheels only, hashes required)."""
     site = Path(folder) / "site"
-    done = subprocess.run([str(Path(sys.executable).parent / "uv"), "pip", "install", "--quiet", "--target", str(site),
-                           "--python-version", "3.14", "--python-platform", "x86_64-manylinux_2_28", "--only-binary",
-                           ":all:", "--require-hashes", "--no-deps", "-r", str(REPO / "requirements.lock")],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "uv"),
+            "pip",
+            "install",
+            "--quiet",
+            "--target",
+            str(site),
+            "--python-version",
+            "3.14",
+            "--python-platform",
+            "x86_64-manylinux_2_28",
+            "--only-binary",
+            ":all:",
+            "--require-hashes",
+            "--no-deps",
+            "-r",
+            str(REPO / "requirements.lock"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode:
         return [f"requirements.lock does not install for CPython 3.14:\n{done.stderr[-3000:]}"]
-    target = {**wheelhouse.host_target(), "python_version": "3.14", "python_full_version": "3.14.0",
-              "implementation_version": "3.14.0"}
+    target = {
+        **wheelhouse.host_target(),
+        "python_version": "3.14",
+        "python_full_version": "3.14.0",
+        "implementation_version": "3.14.0",
+    }
     installed = {canonicalize_name(p.name.split("-")[0]) for p in site.glob("*.dist-info")}
     missing = {r.name for r in wheelhouse.parse_lock(REPO / "requirements.lock") if wheelhouse.applies(r, target)}
     missing -= installed

@@ -9,7 +9,8 @@
    loss; fake Neuron devices with and without --dry-run; an unknown VARIANT), then IMAGE_CHECKS on the
    image itself (metadata, user, paths, no secrets, torch from the base, size added);
 4. hadolint at the error threshold (ci/hadolint.yaml), every ignored rule with its reason inline.
-Any failure is a SmokeFailure naming the case (explicit: `python -O` keeps every check); the exit status is 1 if any failed.
+Any failure is a SmokeFailure naming the case (explicit: `python -O` keeps every check); the exit status is 1 if
+any failed.
 """
 
 import json
@@ -54,19 +55,36 @@ class Case:
 
 
 CASES = (
-    *(Case(f"train-{variant}", env={"VARIANT": variant, "SCALE": "smoke", "STEPS": STEPS}, loss_falls=True,
-           timeout=300) for variant in ("v5", "nki_moe")),
+    *(
+        Case(
+            f"train-{variant}", env={"VARIANT": variant, "SCALE": "smoke", "STEPS": STEPS}, loss_falls=True, timeout=300
+        )
+        for variant in ("v5", "nki_moe")
+    ),
     # native with no network at all: the single-node rendezvous must not need the container's host name to resolve
-    Case("train-native-network-none", env={"VARIANT": "native", "SCALE": "smoke", "STEPS": STEPS}, loss_falls=True,
-         network="none", timeout=300),
+    Case(
+        "train-native-network-none",
+        env={"VARIANT": "native", "SCALE": "smoke", "STEPS": STEPS},
+        loss_falls=True,
+        network="none",
+        timeout=300,
+    ),
     # the article's hand-typed command, without the launcher, from another directory: the installed recipes train
     # and the config's own trainer leaves the run report
-    Case("hand-typed-article-command", entrypoint=("sh", "-c"), args=(
-        "cd / && python3 -m torch.distributed.run --nproc_per_node=1 --rdzv_backend c10d --rdzv_endpoint "
-        "127.0.0.1:0 --local-addr 127.0.0.1 -m torchtitan.train --module neuron_qwen3 --config native_qwen3_smoke "
-        f"--training.steps {STEPS} --dump_folder /tmp/by-hand && cat /tmp/by-hand/report/summary.json",),
-        env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}, network="none", loss_falls=True,
-        stdout_has='"end": "finished"', timeout=300),
+    Case(
+        "hand-typed-article-command",
+        entrypoint=("sh", "-c"),
+        args=(
+            "cd / && python3 -m torch.distributed.run --nproc_per_node=1 --rdzv_backend c10d --rdzv_endpoint "
+            "127.0.0.1:0 --local-addr 127.0.0.1 -m torchtitan.train --module neuron_qwen3 --config native_qwen3_smoke "
+            f"--training.steps {STEPS} --dump_folder /tmp/by-hand && cat /tmp/by-hand/report/summary.json",
+        ),
+        env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+        network="none",
+        loss_falls=True,
+        stdout_has='"end": "finished"',
+        timeout=300,
+    ),
     Case("neuron-dry-run", args=("--dry-run",), neuron_devices=NEURON_DEVICES, nproc=NEURON_DEVICES * 4),
     Case("neuron-without-torch-neuronx", neuron_devices=NEURON_DEVICES, exit_code=2, error="torch_neuronx"),
     Case("unknown-variant", env={"VARIANT": "llama4"}, exit_code=2, error="VARIANT='llama4'"),
@@ -97,18 +115,23 @@ def run_container(client, image, case):
     options = {"network_mode": case.network} if case.network else {}
     if case.entrypoint:
         options["entrypoint"] = list(case.entrypoint)
-    container = client.containers.run(image, list(case.args), environment=case.env, devices=devices, detach=True,
-                                      shm_size="1g", **options)
+    container = client.containers.run(
+        image, list(case.args), environment=case.env, devices=devices, detach=True, shm_size="1g", **options
+    )
     try:
         try:
             status = container.wait(timeout=case.timeout)
         except Exception:  # requests' ReadTimeout: the container hangs
             container.kill()
             output = container.logs().decode(errors="replace")
-            raise SmokeFailure(f"{case.name}: no exit within {case.timeout}s; output (tail):\n{output[-3000:]}") \
-                from None
-        return (status["StatusCode"], container.logs(stdout=True, stderr=False).decode(errors="replace"),
-                container.logs(stdout=False, stderr=True).decode(errors="replace"))
+            raise SmokeFailure(
+                f"{case.name}: no exit within {case.timeout}s; output (tail):\n{output[-3000:]}"
+            ) from None
+        return (
+            status["StatusCode"],
+            container.logs(stdout=True, stderr=False).decode(errors="replace"),
+            container.logs(stdout=False, stderr=True).decode(errors="replace"),
+        )
     finally:
         container.remove(force=True)
 
@@ -191,13 +214,18 @@ def inspect_image(client, image, base_image):
     expect((config.get("Healthcheck") or {}).get("Test") == ["NONE"], f"healthcheck {config.get('Healthcheck')}")
     labels = config["Labels"] or {}
     pins = {r.name: r.version for r in wheelhouse.parse_lock(REPO / "requirements.lock")}
-    expected = {"io.neuron-qwen3.torchtitan.version": pins["torchtitan"],
-                "io.neuron-qwen3.transformers.version": pins["transformers"],
-                "org.opencontainers.image.base.name": base_image}
+    expected = {
+        "io.neuron-qwen3.torchtitan.version": pins["torchtitan"],
+        "io.neuron-qwen3.transformers.version": pins["transformers"],
+        "org.opencontainers.image.base.name": base_image,
+    }
     for key, value in expected.items():
         expect(labels.get(key) == value, f"label {key}={labels.get(key)!r}, expected {value!r}")
-    for key in ("org.opencontainers.image.revision", "org.opencontainers.image.created",
-                "io.neuron-qwen3.torch.version"):
+    for key in (
+        "org.opencontainers.image.revision",
+        "org.opencontainers.image.created",
+        "io.neuron-qwen3.torch.version",
+    ):
         expect(labels.get(key) not in (None, "", "unknown"), f"label {key} is {labels.get(key)!r}")
 
     # No secret in any layer: nothing token-like in the build steps or the environment...
@@ -229,8 +257,9 @@ IGNORE = re.compile(r"#\s*hadolint\s+ignore=(\S+)(.*)")
 def hadolint():
     """hadolint at the error threshold; every inline ignore must say why on the same line."""
     exe = Path(sys.executable).parent / "hadolint"
-    done = subprocess.run([str(exe), "--config", "ci/hadolint.yaml", *HADOLINT_FILES], cwd=REPO,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [str(exe), "--config", "ci/hadolint.yaml", *HADOLINT_FILES], cwd=REPO, capture_output=True, text=True
+    )
     expect(done.returncode == 0, f"hadolint failed:\n{done.stdout}{done.stderr}")
     for name in HADOLINT_FILES:
         lines = (REPO / name).read_text().splitlines()
@@ -286,8 +315,10 @@ def main():
         except SmokeFailure as error:
             failures.append(str(error))
             log(f"image: FAILED\n{error}")
-    log(f"{'FAILED' if failures else 'passed'}: {len(CASES) + 2 - len(failures)} of {len(CASES) + 2} checks "
-        f"in {time.monotonic() - started:.0f}s")
+    log(
+        f"{'FAILED' if failures else 'passed'}: {len(CASES) + 2 - len(failures)} of {len(CASES) + 2} checks "
+        f"in {time.monotonic() - started:.0f}s"
+    )
     return 1 if failures else 0
 
 

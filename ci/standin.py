@@ -91,8 +91,9 @@ def _rootfs(client):
         log(f"debootstrap {time.monotonic() - started:.0f}s; importing as {ref}")
         tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
         repository, _, image_tag = ref.partition(":")
-        client.api.import_image_from_stream(tar.stdout, repository=repository, tag=image_tag,
-                                            changes=["ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]'])
+        client.api.import_image_from_stream(
+            tar.stdout, repository=repository, tag=image_tag, changes=["ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]']
+        )
         if tar.wait():
             raise RuntimeError("tar of the debootstrap root failed")
     return ref
@@ -105,8 +106,9 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 def _serve(directory):
     """A loopback HTTP server over `directory` (pip's --find-links reads its listing); returns (url, server)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                             functools.partial(_QuietHandler, directory=str(directory)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(directory))
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}/", server
 
@@ -118,8 +120,10 @@ def check_room(client, need_gb=BUILD_DISK_GB):
         return
     free = shutil.disk_usage(root).free / 1e9
     if free < need_gb:
-        raise RuntimeError(f"building the stand-in base needs about {need_gb} GB free in {root} (the engine's "
-                           f"data root), {free:.1f} GB are free")
+        raise RuntimeError(
+            f"building the stand-in base needs about {need_gb} GB free in {root} (the engine's "
+            f"data root), {free:.1f} GB are free"
+        )
 
 
 def ensure(client, log_stream=sys.stderr):
@@ -133,8 +137,12 @@ def ensure(client, log_stream=sys.stderr):
     rootfs = _rootfs(client)
     target = wheelhouse.host_target()
     if target["python_version"] != "3.11":  # Debian 12's; the wheels must be for it
-        target = {**target, "python_version": "3.11", "python_full_version": "3.11.2",
-                  "implementation_version": "3.11.2"}
+        target = {
+            **target,
+            "python_version": "3.11",
+            "python_full_version": "3.11.2",
+            "implementation_version": "3.11.2",
+        }
     wheelhouse.prepare(wheelhouse.parse_lock(TORCH_LOCK), {**target, "glibc": "2.36"}, WHEELS, log=log)
     url, server = _serve(WHEELS)
     context = io.BytesIO()
@@ -143,8 +151,15 @@ def ensure(client, log_stream=sys.stderr):
         tar.add(TORCH_LOCK, arcname="requirements-torch.lock")
     context.seek(0)
     try:
-        stream_build(client, fileobj=context, custom_context=True, tag=ref, network_mode="host",
-                     buildargs={"ROOTFS": rootfs, "WHEELS_URL": url}, out=log_stream)
+        stream_build(
+            client,
+            fileobj=context,
+            custom_context=True,
+            tag=ref,
+            network_mode="host",
+            buildargs={"ROOTFS": rootfs, "WHEELS_URL": url},
+            out=log_stream,
+        )
     finally:
         server.shutdown()
     shutil.rmtree(WHEELS)  # hard links into build/wheels (or 3 GB downloaded); the image is keyed, not needed again

@@ -89,15 +89,15 @@ def applies(requirement, target):
 
 def probe(client, image):
     """The marker environment (+ glibc, torch, triton) of `image`'s python3."""
-    out = client.containers.run(image, ["-c", PROBE], entrypoint="python3", network_mode="none", remove=True,
-                                stdout=True, stderr=True)
+    out = client.containers.run(
+        image, ["-c", PROBE], entrypoint="python3", network_mode="none", remove=True, stdout=True, stderr=True
+    )
     return json.loads(out.decode().strip().splitlines()[-1])
 
 
 def host_target():
     """The same for this interpreter (tests, and hosts without an engine)."""
-    return json.loads(subprocess.run([sys.executable, "-c", PROBE], check=True, capture_output=True,
-                                     text=True).stdout)
+    return json.loads(subprocess.run([sys.executable, "-c", PROBE], check=True, capture_output=True, text=True).stdout)
 
 
 def platform_tags(target):
@@ -138,8 +138,10 @@ def _fits(tags, target):
     def python_ok(tag):
         if tag.abi == "abi3":  # stable ABI: built for cp3N, good on every later 3.x
             return tag.interpreter.startswith("cp3") and int(tag.interpreter[3:]) <= int(minor)
-        return tag.interpreter in {f"cp{major}{minor}", f"py{major}", f"py{major}{minor}"} and \
-            tag.abi in {f"cp{major}{minor}", "none"}
+        return tag.interpreter in {f"cp{major}{minor}", f"py{major}", f"py{major}{minor}"} and tag.abi in {
+            f"cp{major}{minor}",
+            "none",
+        }
 
     return any(python_ok(tag) and tag.platform in platforms for tag in tags)
 
@@ -176,13 +178,36 @@ def prepare(requirements, target, dest, log=print):
         log(f"wheelhouse: all {len(wanted)} wheels in {dest}, hashes match")
         return req_file
     py = target["python_version"].replace(".", "")
-    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
-            "--require-hashes", "--only-binary=:all:", "--implementation", "cp", "--python-version", py,
-            "--abi", f"cp{py}", "--abi", "abi3", "--abi", "none",
-            *[arg for tag in platform_tags(target) for arg in ("--platform", tag)],
-            "-r", str(req_file), "-d", str(dest)]
-    log(f"wheelhouse: {len(wanted)} wheels for CPython {target['python_version']} "
-        f"({target['platform_machine']}, glibc {target['glibc']}) -> {dest}")
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--require-hashes",
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        py,
+        "--abi",
+        f"cp{py}",
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        *[arg for tag in platform_tags(target) for arg in ("--platform", tag)],
+        "-r",
+        str(req_file),
+        "-d",
+        str(dest),
+    ]
+    log(
+        f"wheelhouse: {len(wanted)} wheels for CPython {target['python_version']} "
+        f"({target['platform_machine']}, glibc {target['glibc']}) -> {dest}"
+    )
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"pip download failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")

@@ -20,21 +20,36 @@ from entrypoint.variants import RECIPE_MODULE, VARIANTS
 
 
 def parser():
-    table = "\n".join(f"  {var.name}  (default: {var.default or '-'}; accepts: {var.allowed}"
-                      f"{'; sets ' + var.flag if var.flag else ''})\n      {var.meaning}" for var in contract.VARS)
+    table = "\n".join(
+        f"  {var.name}  (default: {var.default or '-'}; accepts: {var.allowed}"
+        f"{'; sets ' + var.flag if var.flag else ''})\n      {var.meaning}"
+        for var in contract.VARS
+    )
     cli = argparse.ArgumentParser(
-        prog="python -m entrypoint", formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+        prog="python -m entrypoint",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
         usage="%(prog)s [--dry-run | --check | --list | --self-test] [torchtitan arguments ...]",
         description="Train Qwen3 with torchtitan on whatever this container sees: Neuron, CUDA or CPU. Arguments "
-                    "other than these flags go to torchtitan after EXTRA_ARGS (e.g. --training.steps 5).",
-        epilog=f"environment:\n{table}")
-    cli.add_argument("--dry-run", action="store_true",
-                     help="print the plan and the torchtitan config that would run, as JSON, and exit")
-    cli.add_argument("--check", action="store_true",
-                     help="the plan and every preflight check; starts and creates nothing; exit 0 if it would launch")
+        "other than these flags go to torchtitan after EXTRA_ARGS (e.g. --training.steps 5).",
+        epilog=f"environment:\n{table}",
+    )
+    cli.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan and the torchtitan config that would run, as JSON, and exit",
+    )
+    cli.add_argument(
+        "--check",
+        action="store_true",
+        help="the plan and every preflight check; starts and creates nothing; exit 0 if it would launch",
+    )
     cli.add_argument("--list", action="store_true", help="list the variants and the Qwen3 models MODEL accepts")
-    cli.add_argument("--self-test", action="store_true",
-                     help="on a trn2: devices, runtime, the NKI MoE kernels, a few native steps; one verdict line each")
+    cli.add_argument(
+        "--self-test",
+        action="store_true",
+        help="on a trn2: devices, runtime, the NKI MoE kernels, a few native steps; one verdict line each",
+    )
     return cli
 
 
@@ -65,21 +80,34 @@ def dry_run(resolved, settings, environ) -> int:
     findings, answer = preflight.recipes_pass(resolved, environ, print_config=True, check_files=False)
     if reported([f for f in findings if f.fatal], settings, environ) or not answer:
         return 2
-    shown = {**asdict(resolved), "model_size": answer["model"], "notes": answer["lines"],
-             "torchtitan_config": answer["config"]}
+    shown = {
+        **asdict(resolved),
+        "model_size": answer["model"],
+        "notes": answer["lines"],
+        "torchtitan_config": answer["config"],
+    }
     print(contract.redact(json.dumps(shown, indent=2), environ))
     return 0
 
 
 def check(resolved, settings, environ, root) -> int:
     findings = preflight.run(resolved, settings, environ, root)
-    fetched = subprocess.run(preflight.fetch_argv(resolved, settings, check=True),
-                             env=contract.child_env(environ, fetch=True)).returncode if resolved.assets else 0
+    fetched = (
+        subprocess.run(
+            preflight.fetch_argv(resolved, settings, check=True), env=contract.child_env(environ, fetch=True)
+        ).returncode
+        if resolved.assets
+        else 0
+    )
     pending = settings.init_from == "hub" and fetched == 3  # the weights come at launch: nothing to read yet
     more, answer = preflight.recipes_pass(resolved, environ, check_files=not pending)
     code = reported(findings + more, settings, environ, answer.get("lines", ())) or (2 if fetched not in (0, 3) else 0)
-    say(f"check: {'the launch would start' if not code else 'the launch would stop'}: {resolved.config} on "
-        f"{resolved.nproc} {plan.UNIT[resolved.devices.kind]}", environ, sys.stdout)
+    say(
+        f"check: {'the launch would start' if not code else 'the launch would stop'}: {resolved.config} on "
+        f"{resolved.nproc} {plan.UNIT[resolved.devices.kind]}",
+        environ,
+        sys.stdout,
+    )
     return code
 
 
@@ -90,8 +118,9 @@ def prepare(resolved, settings, environ, root, held: ExitStack) -> int:
     findings = preflight.run(resolved, settings, environ, root)  # warnings after the fetch: a failure comes alone
     code = reported([f for f in findings if f.fatal], settings, environ)
     if not code and resolved.assets:
-        code = launch.run(preflight.fetch_argv(resolved, settings), contract.child_env(environ, fetch=True),
-                          settings.stop_grace)
+        code = launch.run(
+            preflight.fetch_argv(resolved, settings), contract.child_env(environ, fetch=True), settings.stop_grace
+        )
     if code:
         return code
     reported([f for f in findings if not f.fatal], settings, environ)
@@ -106,14 +135,21 @@ def prepare(resolved, settings, environ, root, held: ExitStack) -> int:
 
 
 def self_test(settings, environ, root) -> int:
-    """`--self-test`: the devices found here, then the checks that need torch in a child (neuron_qwen3/prelaunch/selftest.py)."""
+    """`--self-test`: the devices found here, then the checks that need torch in a child
+    (neuron_qwen3/prelaunch/selftest.py)."""
     devices = discovery.discover(settings, root)
     if devices.kind != "neuron":
-        print(f"self-test: no Neuron devices here (found {devices.kind}): this is not a Trainium host; run it on a "
-              "trn2 with `docker run --device=/dev/neuron0 ... IMAGE --self-test`", flush=True)
+        print(
+            f"self-test: no Neuron devices here (found {devices.kind}): this is not a Trainium host; run it on a "
+            "trn2 with `docker run --device=/dev/neuron0 ... IMAGE --self-test`",
+            flush=True,
+        )
         return 2
-    print(f"self-test: PASS devices: {len(devices.nodes)} Neuron devices, {devices.count} logical NeuronCores at "
-          f"LNC {devices.lnc}", flush=True)
+    print(
+        f"self-test: PASS devices: {len(devices.nodes)} Neuron devices, {devices.count} logical NeuronCores at "
+        f"LNC {devices.lnc}",
+        flush=True,
+    )
     return launch.run([sys.executable, "-m", f"{RECIPE_MODULE}.prelaunch.selftest"], dict(environ), settings.stop_grace)
 
 
@@ -132,8 +168,13 @@ def main(argv=None, environ=None, root="/") -> int:
         settings = contract.parse(environ)
         if args.self_test:
             return self_test(settings, environ, root)
-        resolved = plan.build(settings, discovery.discover(settings, root), environ, torchtitan_args,
-                              None if args.dry_run or args.check else launched_at)
+        resolved = plan.build(
+            settings,
+            discovery.discover(settings, root),
+            environ,
+            torchtitan_args,
+            None if args.dry_run or args.check else launched_at,
+        )
     except contract.UsageError as error:
         say(str(error), environ)
         return launch.stop_status() or 2

@@ -41,9 +41,16 @@ def run_neuron_ls():
         return None
     try:
         listing = json.loads(subprocess.run([exe, "-j"], capture_output=True, check=True, timeout=60).stdout)
-        return [{"neuron_device": int(d["neuron_device"]), "nc_count": int(d["nc_count"]),
-                 "processes": [(int(p.get("pid", -1)), str(p.get("command", "?")))
-                               for p in d.get("neuron_processes") or ()]} for d in listing]
+        return [
+            {
+                "neuron_device": int(d["neuron_device"]),
+                "nc_count": int(d["nc_count"]),
+                "processes": [
+                    (int(p.get("pid", -1)), str(p.get("command", "?"))) for p in d.get("neuron_processes") or ()
+                ],
+            }
+            for d in listing
+        ]
     except (OSError, subprocess.SubprocessError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -54,23 +61,30 @@ def neuron(root="/", lnc=2, visible=None, listing=None):
     if listing:
         nodes = tuple(f"neuron{device['neuron_device']}" for device in listing)
         total = sum(device["nc_count"] for device in listing)
-        held = tuple((f"neuron{device['neuron_device']}", pid, command)
-                     for device in listing for pid, command in device.get("processes", ()))
+        held = tuple(
+            (f"neuron{device['neuron_device']}", pid, command)
+            for device in listing
+            for pid, command in device.get("processes", ())
+        )
     else:
         numbers = _numbered(root, "neuron")
         if not numbers:
             return None
         if numbers != list(range(len(numbers))):
             gap = min(set(range(numbers[-1])) - set(numbers))
-            raise UsageError(f"/dev/neuron{gap} is missing but /dev/neuron{numbers[-1]} exists: Neuron devices must "
-                             f"be contiguous from neuron0 (found {', '.join(f'neuron{n}' for n in numbers)})")
+            raise UsageError(
+                f"/dev/neuron{gap} is missing but /dev/neuron{numbers[-1]} exists: Neuron devices must "
+                f"be contiguous from neuron0 (found {', '.join(f'neuron{n}' for n in numbers)})"
+            )
         nodes = tuple(f"neuron{n}" for n in numbers)
         total = len(nodes) * (PHYSICAL_CORES_PER_DEVICE // lnc)
     if visible is not None:
         missing = [core for core in visible if core >= total]
         if missing:
-            raise UsageError(f"NEURON_RT_VISIBLE_CORES names core {missing[0]}, but the {len(nodes)} Neuron devices "
-                             f"have logical cores 0-{total - 1} (NEURON_LOGICAL_NC_CONFIG={lnc})")
+            raise UsageError(
+                f"NEURON_RT_VISIBLE_CORES names core {missing[0]}, but the {len(nodes)} Neuron devices "
+                f"have logical cores 0-{total - 1} (NEURON_LOGICAL_NC_CONFIG={lnc})"
+            )
     return Devices("neuron", len(visible) if visible else total, nodes, lnc, visible, held)
 
 
@@ -79,8 +93,9 @@ def cuda(root="/", visible=None):
     nodes = tuple(f"nvidia{n}" for n in _numbered(root, "nvidia"))
     count = len(nodes)
     if visible is not None:
-        valid = [entry.startswith(("GPU-", "MIG-")) or (entry.isdigit() and int(entry) < len(nodes))
-                 for entry in visible]
+        valid = [
+            entry.startswith(("GPU-", "MIG-")) or (entry.isdigit() and int(entry) < len(nodes)) for entry in visible
+        ]
         count = (valid + [False]).index(False)
     return Devices("cuda", count, nodes) if count else None
 
@@ -101,6 +116,8 @@ def discover(settings: Settings, root="/", neuron_ls=run_neuron_ls) -> Devices:
     if not found and settings.device in ("auto", "cuda"):
         found = cuda(root, settings.cuda_visible_devices)
     if not found and settings.device != "auto":
-        raise UsageError(f"DEVICE={settings.device} but no {settings.device} device is visible here "
-                         "(allowed: auto, neuron, cuda, cpu)")
+        raise UsageError(
+            f"DEVICE={settings.device} but no {settings.device} device is visible here "
+            "(allowed: auto, neuron, cuda, cpu)"
+        )
     return found or cpu()

@@ -128,8 +128,11 @@ def host_watch(endpoint, timeout, done):
             done.wait(PROBE)
 
     threading.Thread(target=probe, name="rendezvous-host-watch", daemon=True).start()
-    return lambda: bool(answered) and time.monotonic() - answered[0] >= timeout and (
-        f"the rendezvous host {endpoint} has not answered for {timeout} s (PEER_TIMEOUT): node 0 is lost")
+    return lambda: (
+        bool(answered)
+        and time.monotonic() - answered[0] >= timeout
+        and (f"the rendezvous host {endpoint} has not answered for {timeout} s (PEER_TIMEOUT): node 0 is lost")
+    )
 
 
 def run(argv, env, grace, peer=None) -> int:
@@ -179,8 +182,10 @@ def run(argv, env, grace, peer=None) -> int:
                 deadline = now
             if deadline is not None and now >= deadline and killed_at is None:
                 groups.update(process_groups(child.pid))
-                _say(f"{why or f'still running {grace} s after the stop signal'}: killing process groups "
-                     f"{', '.join(map(str, sorted(groups)))}")
+                _say(
+                    f"{why or f'still running {grace} s after the stop signal'}: killing process groups "
+                    f"{', '.join(map(str, sorted(groups)))}"
+                )
                 _signal_groups(groups, signal.SIGKILL)
                 killed_at = now
             if killed_at is not None and code is not None and now - killed_at > AFTER_KILL:

@@ -67,7 +67,8 @@ class Lease:
                         f"CHECKPOINT_DIR={os.path.dirname(self.path)} is in use by job {holder.get('job') or '-'} "
                         f"(host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, heartbeat {age:.0f} s ago): "
                         f"give this job its own CHECKPOINT_DIR, or wait until the other stops (a lease without "
-                        f"heartbeat for {STALE} s is taken over)") from None
+                        f"heartbeat for {STALE} s is taken over)"
+                    ) from None
                 with suppress(FileNotFoundError):
                     os.remove(self.path)
                 continue
@@ -75,8 +76,10 @@ class Lease:
                 json.dump(self.me, f)
             threading.Thread(target=self._beat, daemon=True, name="lease-heartbeat").start()
             return why and f"took over the lease {self.path}: {why}"
-        raise UsageError(f"CHECKPOINT_DIR={os.path.dirname(self.path)}: another launcher took the lease {self.path} "
-                         "at the same moment")
+        raise UsageError(
+            f"CHECKPOINT_DIR={os.path.dirname(self.path)}: another launcher took the lease {self.path} "
+            "at the same moment"
+        )
 
     def _beat(self):
         while not self._stop.wait(HEARTBEAT):

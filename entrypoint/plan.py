@@ -17,11 +17,19 @@ from entrypoint.variants import RECIPE_MODULE, VARIANTS
 COMPILE_BACKEND = {"neuron": "neuron", "cuda": "inductor", "cpu": "inductor"}
 UNIT = {"neuron": "logical NeuronCores", "cuda": "GPUs", "cpu": "CPU cores"}
 # torchtitan flags whose value the launcher owns (it acts on it: housekeeping, folders, devices): the variable.
-OWNED_FLAGS = {"module": "MODULE", "config": "CONFIG (or VARIANT and SCALE)", "dump_folder": "OUTPUT_DIR",
-               "checkpoint.enable": "CHECKPOINT_DIR", "checkpoint.folder": "CHECKPOINT_DIR",
-               "checkpoint.keep_latest_k": "CHECKPOINT_KEEP", "checkpoint.interval": "CHECKPOINT_INTERVAL",
-               "hf_assets_path": "ASSETS_DIR (and MODEL)", "device": "DEVICE",
-               "neuron.logical_nc_config": "NEURON_LOGICAL_NC_CONFIG", "comm.train_timeout_seconds": "PEER_TIMEOUT"}
+OWNED_FLAGS = {
+    "module": "MODULE",
+    "config": "CONFIG (or VARIANT and SCALE)",
+    "dump_folder": "OUTPUT_DIR",
+    "checkpoint.enable": "CHECKPOINT_DIR",
+    "checkpoint.folder": "CHECKPOINT_DIR",
+    "checkpoint.keep_latest_k": "CHECKPOINT_KEEP",
+    "checkpoint.interval": "CHECKPOINT_INTERVAL",
+    "hf_assets_path": "ASSETS_DIR (and MODEL)",
+    "device": "DEVICE",
+    "neuron.logical_nc_config": "NEURON_LOGICAL_NC_CONFIG",
+    "comm.train_timeout_seconds": "PEER_TIMEOUT",
+}
 # Variables whose flags depend on other settings: built by the functions below, not passed as they are.
 BUILT = ("CHECKPOINT_INTERVAL", "CHECKPOINT_KEEP", "ASSETS_DIR", "OUTPUT_DIR", "CONFIG", "MODULE", "WANDB_MODE")
 TOKEN_CACHE = "tokens"  # CACHE_DIR/tokens: the data's token cache, shared by every variant (no compiled graphs)
@@ -47,15 +55,16 @@ class Plan:
     @property
     def worker_args(self) -> tuple:
         """The torchtitan arguments every worker gets: `--module ... --config ... <flags>`."""
-        return self.argv[self.argv.index("torchtitan.train") + 1:]
+        return self.argv[self.argv.index("torchtitan.train") + 1 :]
 
 
 def process_count(settings: Settings, devices: Devices, rdzv: rendezvous.Rendezvous) -> int:
     name, nproc = ("NPROC", settings.nproc) if settings.nproc else ("PET_NPROC_PER_NODE", rdzv.nproc_per_node)
     nproc = nproc or (1 if devices.kind == "cpu" else devices.count)
     if nproc > devices.count:
-        raise UsageError(f"{name}={nproc} is more than the {devices.count} {UNIT[devices.kind]} found "
-                         f"(allowed: 1-{devices.count})")
+        raise UsageError(
+            f"{name}={nproc} is more than the {devices.count} {UNIT[devices.kind]} found (allowed: 1-{devices.count})"
+        )
     return nproc
 
 
@@ -63,13 +72,16 @@ def model_for(settings: Settings) -> str | None:
     """MODEL, else the variant's; None at smoke and bench scale (bundled models) and with CONFIG."""
     if settings.config:
         if settings.model:
-            raise UsageError(f"MODEL={settings.model!r} and CONFIG={settings.config!r} exclude each other: the "
-                             "config function decides the model")
+            raise UsageError(
+                f"MODEL={settings.model!r} and CONFIG={settings.config!r} exclude each other: the "
+                "config function decides the model"
+            )
         return None
     if settings.scale != "full":
         if settings.model:
-            raise UsageError(f"MODEL={settings.model!r} is for SCALE=full; SCALE={settings.scale} trains a bundled "
-                             "model")
+            raise UsageError(
+                f"MODEL={settings.model!r} is for SCALE=full; SCALE={settings.scale} trains a bundled model"
+            )
         return None
     return settings.model or VARIANTS[settings.variant].hf_repo
 
@@ -107,8 +119,10 @@ def init_source(settings: Settings, assets: str | None) -> str | None:
         return None
     if settings.init_from == "hub":
         if not assets:
-            raise UsageError(f"INIT_FROM='hub' is for SCALE=full (MODEL's Hub weights), not SCALE={settings.scale}: "
-                             "give a local Hugging Face model folder")
+            raise UsageError(
+                f"INIT_FROM='hub' is for SCALE=full (MODEL's Hub weights), not SCALE={settings.scale}: "
+                "give a local Hugging Face model folder"
+            )
         return assets
     return os.path.abspath(settings.init_from)
 
@@ -119,12 +133,20 @@ def checkpoint_args(settings: Settings, source: str | None) -> list:
     torchtitan's initial load of HF safetensors, model only (a complete checkpoint in CHECKPOINT_DIR wins)."""
     args = []
     if settings.checkpoint_dir:
-        args += ["--checkpoint.enable", f"--checkpoint.folder={os.path.abspath(settings.checkpoint_dir)}",
-                 f"--checkpoint.interval={settings.checkpoint_interval}",
-                 f"--checkpoint.keep_latest_k={settings.checkpoint_keep}", "--checkpoint.no-last-save-model-only"]
+        args += [
+            "--checkpoint.enable",
+            f"--checkpoint.folder={os.path.abspath(settings.checkpoint_dir)}",
+            f"--checkpoint.interval={settings.checkpoint_interval}",
+            f"--checkpoint.keep_latest_k={settings.checkpoint_keep}",
+            "--checkpoint.no-last-save-model-only",
+        ]
     if source:
-        args += ["--checkpoint.enable", f"--checkpoint.initial_load_path={source}", "--checkpoint.initial_load_in_hf",
-                 "--checkpoint.initial_load_model_only"]
+        args += [
+            "--checkpoint.enable",
+            f"--checkpoint.initial_load_path={source}",
+            "--checkpoint.initial_load_in_hf",
+            "--checkpoint.initial_load_model_only",
+        ]
         if not settings.checkpoint_dir:  # load the weights, write no checkpoints
             args += ["--checkpoint.load_only"]
     return args
@@ -145,8 +167,9 @@ def passed_args(settings: Settings, environ) -> list:
     return args
 
 
-def torchtitan_args(settings: Settings, devices: Devices, model: str | None, assets: str | None, environ,
-                    cli_args=()) -> list:
+def torchtitan_args(
+    settings: Settings, devices: Devices, model: str | None, assets: str | None, environ, cli_args=()
+) -> list:
     """Paths go as `--flag=/absolute/path`: a path that starts with `-` would otherwise be read as a flag."""
     args = [f"--device={devices.kind}"]
     # The user's data through the recipes' DataLoader: its token cache (`--dataloader.cache_dir=` turns it off)
@@ -162,14 +185,26 @@ def torchtitan_args(settings: Settings, devices: Devices, model: str | None, ass
         args.append("--metrics.enable_wandb")
     refuse_owned_flags(settings.extra_args, "EXTRA_ARGS")
     refuse_owned_flags(cli_args, "the command line")
-    return [*args, *passed_args(settings, environ), *checkpoint_args(settings, init_source(settings, assets)),
-            f"--dump_folder={os.path.abspath(settings.output_dir)}", *settings.extra_args, *cli_args]
+    return [
+        *args,
+        *passed_args(settings, environ),
+        *checkpoint_args(settings, init_source(settings, assets)),
+        f"--dump_folder={os.path.abspath(settings.output_dir)}",
+        *settings.extra_args,
+        *cli_args,
+    ]
 
 
 # The compile caches the workers use, per device kind: variable -> folder under CACHE_DIR/<variant>/.
-CACHE_VARS = {"neuron": {"TORCH_NEURONX_NEFF_CACHE_DIR": "neff", "TORCH_NEURONX_HLO_CACHE_DIR": "hlo",
-                         "NKI_COMPILE_CACHE_URL": "nki"},
-              "cuda": {"TORCHINDUCTOR_CACHE_DIR": "inductor"}, "cpu": {"TORCHINDUCTOR_CACHE_DIR": "inductor"}}
+CACHE_VARS = {
+    "neuron": {
+        "TORCH_NEURONX_NEFF_CACHE_DIR": "neff",
+        "TORCH_NEURONX_HLO_CACHE_DIR": "hlo",
+        "NKI_COMPILE_CACHE_URL": "nki",
+    },
+    "cuda": {"TORCHINDUCTOR_CACHE_DIR": "inductor"},
+    "cpu": {"TORCHINDUCTOR_CACHE_DIR": "inductor"},
+}
 
 
 def cache_dirs(settings: Settings, kind: str) -> dict:
@@ -203,8 +238,10 @@ def env_additions(settings: Settings, devices: Devices, nproc: int, environ) -> 
 def refuse_full_scale_on_cpu(settings: Settings, devices: Devices, environ) -> None:
     """The default SCALE=full on a host with no accelerator would fetch and train a 4B+ model on CPU."""
     if devices.kind == "cpu" and settings.scale == "full" and "SCALE" not in environ and not settings.config:
-        raise UsageError("SCALE is unset (full: the full-size model) and no Neuron device or GPU is here: set "
-                         "SCALE=smoke for the tiny model, or SCALE=full to train the full model on CPU knowingly")
+        raise UsageError(
+            "SCALE is unset (full: the full-size model) and no Neuron device or GPU is here: set "
+            "SCALE=smoke for the tiny model, or SCALE=full to train the full model on CPU knowingly"
+        )
 
 
 def build(settings: Settings, devices: Devices, environ, cli_args=(), launched_at: float | None = None) -> Plan:
@@ -220,12 +257,40 @@ def build(settings: Settings, devices: Devices, environ, cli_args=(), launched_a
     restarts.append(f"--shutdown-timeout={settings.stop_grace}")
     ranks = [] if settings.log_rank == "all" else ["--local-ranks-filter", settings.log_rank]
     assets = assets_path(settings, model)
-    argv = (sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *rdzv.torchrun_args(),
-            *restarts, f"--log-dir={os.path.join(os.path.abspath(settings.output_dir), 'torchrun')}",
-            *ranks, "--role", "rank", "--tee", "3",
-            "-m", "torchtitan.train", "--module", settings.module, "--config", config,
-            *([f"--report.launched_at={launched_at:.3f}"] if launched_at else []),
-            *torchtitan_args(settings, devices, model, assets, environ, cli_args))
+    argv = (
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        *rdzv.torchrun_args(),
+        *restarts,
+        f"--log-dir={os.path.join(os.path.abspath(settings.output_dir), 'torchrun')}",
+        *ranks,
+        "--role",
+        "rank",
+        "--tee",
+        "3",
+        "-m",
+        "torchtitan.train",
+        "--module",
+        settings.module,
+        "--config",
+        config,
+        *([f"--report.launched_at={launched_at:.3f}"] if launched_at else []),
+        *torchtitan_args(settings, devices, model, assets, environ, cli_args),
+    )
     checkpoint_dir = os.path.abspath(settings.checkpoint_dir) if settings.checkpoint_dir else None
-    return Plan(settings.variant, settings.scale, model, settings.module, config, devices, nproc, argv,
-                env_additions(settings, devices, nproc, environ), rdzv, assets, checkpoint_dir)
+    return Plan(
+        settings.variant,
+        settings.scale,
+        model,
+        settings.module,
+        config,
+        devices,
+        nproc,
+        argv,
+        env_additions(settings, devices, nproc, environ),
+        rdzv,
+        assets,
+        checkpoint_dir,
+    )

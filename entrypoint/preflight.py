@@ -43,8 +43,12 @@ fail, warn = partial(Finding, True), partial(Finding, False)
 
 def runtime(plan: Plan, find_spec=importlib.util.find_spec) -> list:
     if plan.devices.kind == "neuron" and find_spec("torch_neuronx") is None:
-        return [fail(f"{len(plan.devices.nodes)} Neuron devices found but the torch_neuronx package is not "
-                     "installed: run the Neuron image, or pass --dry-run to only print the plan")]
+        return [
+            fail(
+                f"{len(plan.devices.nodes)} Neuron devices found but the torch_neuronx package is not "
+                "installed: run the Neuron image, or pass --dry-run to only print the plan"
+            )
+        ]
     return []
 
 
@@ -62,8 +66,12 @@ def lnc(plan: Plan, settings: Settings) -> list:
     wanted = compiler_lnc(settings.neuron_cc_flags)
     if plan.devices.kind != "neuron" or wanted is None or wanted == str(settings.neuron_logical_nc_config):
         return []
-    return [fail(f"NEURON_CC_FLAGS compiles for --lnc={wanted} but NEURON_LOGICAL_NC_CONFIG="
-                 f"{settings.neuron_logical_nc_config}: the compiler and the runtime must agree")]
+    return [
+        fail(
+            f"NEURON_CC_FLAGS compiles for --lnc={wanted} but NEURON_LOGICAL_NC_CONFIG="
+            f"{settings.neuron_logical_nc_config}: the compiler and the runtime must agree"
+        )
+    ]
 
 
 def held_cores(plan: Plan) -> list:
@@ -81,8 +89,12 @@ def held_cores(plan: Plan) -> list:
         return []
     shown = ", ".join(f"{node} (pid {pid} {command})" for node, pid, command in busy[:4])
     more = f" and {len(busy) - 4} more" if len(busy) > 4 else ""
-    return [fail(f"NeuronCores are in use by another process: {shown}{more}: stop it, or choose free cores "
-                 "with NEURON_RT_VISIBLE_CORES")]
+    return [
+        fail(
+            f"NeuronCores are in use by another process: {shown}{more}: stop it, or choose free cores "
+            "with NEURON_RT_VISIBLE_CORES"
+        )
+    ]
 
 
 def limits(root="/", processes=MANY_PROCESSES, getrlimit=resource.getrlimit, setrlimit=resource.setrlimit) -> list:
@@ -93,9 +105,13 @@ def limits(root="/", processes=MANY_PROCESSES, getrlimit=resource.getrlimit, set
         stat = os.statvfs(os.path.join(root, "dev", "shm"))
         size = stat.f_blocks * stat.f_frsize
         if size < SHM_MIN_BYTES:
-            findings.append(warn(f"/dev/shm is {size >> 20} MiB, below {SHM_MIN_BYTES >> 20} MiB: dataloader workers "
-                                 "and gloo may fail; docker run --shm-size=16g (or --ipc=host), a memory-backed "
-                                 "emptyDir on Kubernetes"))
+            findings.append(
+                warn(
+                    f"/dev/shm is {size >> 20} MiB, below {SHM_MIN_BYTES >> 20} MiB: dataloader workers "
+                    "and gloo may fail; docker run --shm-size=16g (or --ipc=host), a memory-backed "
+                    "emptyDir on Kubernetes"
+                )
+            )
     except OSError:
         findings.append(warn("no /dev/shm: mount one (docker run --shm-size=16g)"))
     soft, hard = getrlimit(resource.RLIMIT_NOFILE)
@@ -106,13 +122,21 @@ def limits(root="/", processes=MANY_PROCESSES, getrlimit=resource.getrlimit, set
                 setrlimit(resource.RLIMIT_NOFILE, (target, hard))
                 soft = target
         if soft < NOFILE_MIN and processes >= MANY_PROCESSES:
-            findings.append(warn(f"open-file limit (nofile) is {soft}, below {NOFILE_MIN}: many ranks fail with "
-                                 "'Too many open files'; docker run --ulimit nofile=65536:65536"))
+            findings.append(
+                warn(
+                    f"open-file limit (nofile) is {soft}, below {NOFILE_MIN}: many ranks fail with "
+                    "'Too many open files'; docker run --ulimit nofile=65536:65536"
+                )
+            )
     efa = bool(glob.glob(os.path.join(glob.escape(root), "dev", "infiniband", "uverbs*")))
     memlock = getrlimit(resource.RLIMIT_MEMLOCK)[0]
     if efa and memlock != resource.RLIM_INFINITY:
-        findings.append(warn(f"EFA devices are present but locked memory is limited to {memlock >> 10} KiB: "
-                             "EFA needs it unlimited (docker run --ulimit memlock=-1)"))
+        findings.append(
+            warn(
+                f"EFA devices are present but locked memory is limited to {memlock >> 10} KiB: "
+                "EFA needs it unlimited (docker run --ulimit memlock=-1)"
+            )
+        )
     return findings
 
 
@@ -144,16 +168,28 @@ def writable(plan: Plan, settings: Settings, environ) -> list:
     dirs = [(name, env[name]) for name in CACHE_VARS if name in env and "://" not in env[name]]
     dirs += [("CHECKPOINT_DIR", plan.checkpoint_dir)] if plan.checkpoint_dir else []
     dirs += [("OUTPUT_DIR", settings.output_dir)]
-    return [fail(f"{path} ({name}) {why}; mount a writable volume at "
-                 f"{'CACHE_DIR' if name in CACHE_VARS and name not in environ else name}")
-            for name, path in dirs if (why := _writable(path))]
+    return [
+        fail(
+            f"{path} ({name}) {why}; mount a writable volume at "
+            f"{'CACHE_DIR' if name in CACHE_VARS and name not in environ else name}"
+        )
+        for name, path in dirs
+        if (why := _writable(path))
+    ]
 
 
 def fetch_argv(plan: Plan, settings: Settings, check=False) -> list:
     """The asset child (index, huggingface_hub: not stdlib): what the folder lacks, fetched, or why it cannot be."""
-    return [sys.executable, "-m", f"{RECIPE_MODULE}.hf.fetch", plan.model, plan.assets,
-            *["--weights"] * (settings.init_from == "hub"), *["--offline"] * settings.hf_hub_offline,
-            *["--check"] * check]
+    return [
+        sys.executable,
+        "-m",
+        f"{RECIPE_MODULE}.hf.fetch",
+        plan.model,
+        plan.assets,
+        *["--weights"] * (settings.init_from == "hub"),
+        *["--offline"] * settings.hf_hub_offline,
+        *["--check"] * check,
+    ]
 
 
 def dataset(settings: Settings) -> list:
@@ -164,37 +200,63 @@ def dataset(settings: Settings) -> list:
     parts = mix_parts(name)
     if parts:
         missing = [path for path, _ in parts if not os.path.exists(path)]
-        return [fail(f"DATASET={name!r}: {missing[0]} does not exist (a mix takes local files and folders)")] \
-            if missing else []
+        return (
+            [fail(f"DATASET={name!r}: {missing[0]} does not exist (a mix takes local files and folders)")]
+            if missing
+            else []
+        )
     local = os.path.exists(name) or name.endswith(DATA_SUFFIXES) or name.startswith(("/", ".", "~"))
     if local and not os.path.exists(name):
         return [fail(f"DATASET={name!r} does not exist")]
     if not local and offline:
-        return [fail(f"DATASET={name!r} is a Hub dataset but the run is offline (HF_HUB_OFFLINE=1 or SCALE="
-                     f"{settings.scale}): give a local .jsonl, .json, .parquet or .txt file")]
+        return [
+            fail(
+                f"DATASET={name!r} is a Hub dataset but the run is offline (HF_HUB_OFFLINE=1 or SCALE="
+                f"{settings.scale}): give a local .jsonl, .json, .parquet or .txt file"
+            )
+        ]
     return []
 
 
 def run(plan: Plan, settings: Settings, environ, root="/") -> list:
     """Every stdlib check, in order; the caller prints them and stops on a fatal one (unless PREFLIGHT=warn)."""
-    return [*runtime(plan), *lnc(plan, settings), *held_cores(plan), *limits(root, plan.nproc),
-            *writable(plan, settings, environ), *dataset(settings)]
+    return [
+        *runtime(plan),
+        *lnc(plan, settings),
+        *held_cores(plan),
+        *limits(root, plan.nproc),
+        *writable(plan, settings, environ),
+        *dataset(settings),
+    ]
 
 
 def request(plan: Plan, print_config=False, check_files=True, fix=False) -> dict:
     """What the recipes' pre-launch pass is asked (neuron_qwen3/prelaunch/preflight.py). `fix`: node 0 moves broken
     checkpoints aside."""
-    return {"args": list(plan.worker_args), "model": plan.model, "variant": plan.variant, "locks": REPO,
-            "ranks": plan.nproc * plan.rendezvous.nnodes, "print_config": print_config,
-            "check_files": check_files, "fix_checkpoints": fix, "node_rank": plan.rendezvous.node_rank}
+    return {
+        "args": list(plan.worker_args),
+        "model": plan.model,
+        "variant": plan.variant,
+        "locks": REPO,
+        "ranks": plan.nproc * plan.rendezvous.nnodes,
+        "print_config": print_config,
+        "check_files": check_files,
+        "fix_checkpoints": fix,
+        "node_rank": plan.rendezvous.node_rank,
+    }
 
 
 def recipes_pass(plan: Plan, environ, **asked):
     """(findings, answer) of the recipes' pre-launch pass over the workers' exact arguments, in a child
     interpreter (it imports torch and torchtitan: seconds)."""
     env = {**child_env(environ), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-m", f"{RECIPE_MODULE}.prelaunch.preflight"],
-                            input=json.dumps(request(plan, **asked)), capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", f"{RECIPE_MODULE}.prelaunch.preflight"],
+        input=json.dumps(request(plan, **asked)),
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     try:
         answer = json.loads(result.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):

@@ -25,6 +25,7 @@ class UsageError(Exception):
 
 def accepting(allowed):
     """Give a parser the text that completes "NAME='x' is not ..." in its errors and "accepts" in the docs."""
+
     def mark(parse):
         parse.allowed = allowed
         return parse
@@ -67,6 +68,7 @@ DECIMAL = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?"  # no sign, nan, inf, `_` or hex: 
 
 def decimal(allowed, low, high, from_low=False):
     """A finite number above `low` (from `low` with `from_low`), at most `high` (1e999 is not: it reads as inf)."""
+
     @accepting(allowed)
     def parse(raw) -> float:
         value = float(raw) if re.fullmatch(DECIMAL, raw) else math.nan
@@ -88,8 +90,9 @@ word = matching(WORD, "letters, digits, `.`, `_`, `-`")
 module_name = matching(MODULE_NAME, "a Python module name")
 qwen3_id = matching(QWEN3_ID, "a Qwen3 Hub id like Qwen/Qwen3-8B (`--list`)")
 path = text("a path")
-validation = matching(r"0?\.[0-9]*[1-9][0-9]*|(?![0-9.]+$)[^-].*", "a local file or folder, or a fraction above 0 "
-                      "and below 1 like 0.05")
+validation = matching(
+    r"0?\.[0-9]*[1-9][0-9]*|(?![0-9.]+$)[^-].*", "a local file or folder, or a fraction above 0 and below 1 like 0.05"
+)
 
 
 MIX_PART = re.compile(r"(.+):([0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?|\.[0-9]+([eE][-+]?[0-9]+)?)")
@@ -108,8 +111,10 @@ def mix_parts(raw: str) -> list | None:
     return [(match[1], match[2]) for match in found]
 
 
-@accepting("`c4`, a Hub dataset id, a local .jsonl, .json, .parquet or .txt file or folder, or a mix of local ones "
-           "with weights above 0 like a.jsonl:0.7,b.parquet:0.3")
+@accepting(
+    "`c4`, a Hub dataset id, a local .jsonl, .json, .parquet or .txt file or folder, or a mix of local ones "
+    "with weights above 0 like a.jsonl:0.7,b.parquet:0.3"
+)
 def dataset(raw) -> str:
     mix_parts(raw)
     return raw

@@ -42,12 +42,18 @@ class Variant:
 VARIANTS = {
     v.name: v
     for v in (
-        Variant("v5", "Hugging Face Transformers v5 modeling backend, Qwen/Qwen3-4B-Instruct-2507",
-                "Qwen/Qwen3-4B-Instruct-2507",
-                hf_config_arg="--hf_model"),  # else AutoConfig asks the Hub for the repo id, offline too
+        Variant(
+            "v5",
+            "Hugging Face Transformers v5 modeling backend, Qwen/Qwen3-4B-Instruct-2507",
+            "Qwen/Qwen3-4B-Instruct-2507",
+            hf_config_arg="--hf_model",
+        ),  # else AutoConfig asks the Hub for the repo id, offline too
         Variant("native", "torchtitan's native Qwen3 model spec, Qwen3-4B", "Qwen/Qwen3-4B"),
-        Variant("nki_moe", "Qwen3-30B-A3B MoE, experts swapped for NKI kernels via torchtitan's override registry",
-                "Qwen/Qwen3-30B-A3B"),
+        Variant(
+            "nki_moe",
+            "Qwen3-30B-A3B MoE, experts swapped for NKI kernels via torchtitan's override registry",
+            "Qwen/Qwen3-30B-A3B",
+        ),
     )
 }
 DEFAULT_VARIANT = "native"

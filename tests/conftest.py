@@ -31,15 +31,18 @@ def folder_tensors(folder) -> dict:
     """Every tensor of a Hugging Face model folder's safetensors files, by name."""
     from safetensors.torch import load_file
 
-    return {name: tensor for path in sorted(Path(folder).glob("*.safetensors")) for name, tensor in
-            load_file(path).items()}
+    return {
+        name: tensor for path in sorted(Path(folder).glob("*.safetensors")) for name, tensor in load_file(path).items()
+    }
 
 
 def rank_logs(output_dir, tail=2000) -> str:
     """The end of every rank's own stderr log (torchrun's --log-dir, OUTPUT_DIR/torchrun): the console shows rank 0
     only, so a failure of another rank is explained here."""
-    return "".join(f"\n--- {path}\n{path.read_text(errors='replace')[-tail:]}"
-                   for path in sorted(Path(output_dir, "torchrun").rglob("stderr.log")))
+    return "".join(
+        f"\n--- {path}\n{path.read_text(errors='replace')[-tail:]}"
+        for path in sorted(Path(output_dir, "torchrun").rglob("stderr.log"))
+    )
 
 
 def run_scenario(name: str, *args: str, nproc: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -48,8 +51,18 @@ def run_scenario(name: str, *args: str, nproc: int = 1, timeout: int = 300) -> s
     if nproc == 1:
         cmd = [sys.executable, script, *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", script, *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={nproc}",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            "localhost:0",
+            script,
+            *args,
+        ]
     return subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
@@ -69,9 +82,14 @@ def _transformers_originals() -> list:
     from transformers.modeling_utils import PreTrainedModel
     from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
 
-    return [(cls, name, cls.__dict__[name]) for cls, name in
-            ((PreTrainedModel, "_init_weights"), (PreTrainedModel, "_initialize_weights"),
-             (Qwen3DecoderLayer, "__init__"))]
+    return [
+        (cls, name, cls.__dict__[name])
+        for cls, name in (
+            (PreTrainedModel, "_init_weights"),
+            (PreTrainedModel, "_initialize_weights"),
+            (Qwen3DecoderLayer, "__init__"),
+        )
+    ]
 
 
 TRANSFORMERS_ORIGINALS = _transformers_originals()
@@ -108,7 +126,8 @@ def launcher_at(root, *args) -> list:
 
 
 def recipes_pass(tmp_path, **env) -> dict:
-    """The answer of the recipes' pre-launch pass (neuron_qwen3/prelaunch/preflight.py) to the request the launcher makes for
+    """The answer of the recipes' pre-launch pass (neuron_qwen3/prelaunch/preflight.py) to the request the launcher
+    makes for
     `env` at smoke scale, computed in this process: the launcher runs the same pass in a child interpreter, whose
     imports take seconds (one line and exit 2 for a problem: test_entrypoint_preflight.py)."""
     from entrypoint import contract, discovery, plan, preflight as launcher_preflight

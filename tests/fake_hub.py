@@ -10,14 +10,13 @@ which both fetch test files drive.
 """
 
 import json
-import os
 
 from conftest import stand_in
 
 from entrypoint import cli, launch, preflight
 
 TOKEN = "hf_secret_do_not_print"
-SOURCE = '''
+SOURCE = """
 import fnmatch, json, os, sys, types
 
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
@@ -44,7 +43,7 @@ def snapshot_download(repo_id, local_dir, allow_patterns):
         if any(fnmatch.fnmatch(name, p) for p in allow_patterns) and not (skip and skip in name):
             open(os.path.join(local_dir, name), "w").write(text)
     return local_dir
-'''
+"""
 
 
 def env(tmp_path) -> dict:
@@ -59,8 +58,15 @@ def asked(tmp_path) -> list:
 
 
 def full_scale(hub, tmp_path, **extra) -> dict:
-    return {**hub, "DEVICE": "cpu", "SCALE": "full", "ASSETS_DIR": str(tmp_path / "assets"),
-            "CACHE_DIR": str(tmp_path / "cache"), "OUTPUT_DIR": str(tmp_path / "out"), **extra}
+    return {
+        **hub,
+        "DEVICE": "cpu",
+        "SCALE": "full",
+        "ASSETS_DIR": str(tmp_path / "assets"),
+        "CACHE_DIR": str(tmp_path / "cache"),
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        **extra,
+    }
 
 
 def run_launcher(monkeypatch, capsys, environ):

@@ -11,11 +11,34 @@ import json
 import os
 from pathlib import Path
 
-SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-            "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
-            "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>",
-            "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>",
-            "</tool_response>", "<think>", "</think>")
+SPECIALS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
 FIRST_SPECIAL = 151643
 SMOKE_TOKENIZER = Path(__file__).resolve().parent.parent / "recipes" / "neuron_qwen3" / "assets" / "tokenizer"
 
@@ -37,8 +60,13 @@ def build(folder) -> str:
     assert [tokenizer.token_to_id(t) for t in SPECIALS] == list(range(FIRST_SPECIAL, FIRST_SPECIAL + len(SPECIALS)))
     os.makedirs(folder, exist_ok=True)
     tokenizer.save(os.path.join(folder, "tokenizer.json"))
-    config = {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "add_bos_token": False,
-              "model_max_length": 40960}
+    config = {
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "add_bos_token": False,
+        "model_max_length": 40960,
+    }
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
         json.dump(config, f, indent=2)
     template = (SMOKE_TOKENIZER / "chat_template.jinja").read_text()

@@ -71,8 +71,10 @@ def install_slurm():
     if not shutil.which("apt-get"):
         return "slurm-wlm is not installed and there is no apt-get"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-q"],
-                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"]):
+    for argv in (
+        ["apt-get", "update", "-q"],
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"],
+    ):
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
         if done.returncode:
             return f"`{' '.join(argv)}` failed: {done.stderr.strip().splitlines()[-1:]}"
@@ -163,14 +165,24 @@ class Cluster:
             self._ip(ctl, "link", "set", port, "master", "br0", "up")
             self._ip(node, "addr", "add", f"{addr}/24", "dev", "eth0")
             self._ip(node, "link", "set", "eth0", "up")
-        hosts = [f"127.0.0.1 localhost", f"{CTL[1]} {CTL[0]}"] + [f"{addr} {name}" for name, addr in NODES.items()]
+        hosts = ["127.0.0.1 localhost", f"{CTL[1]} {CTL[0]}"] + [f"{addr} {name}" for name, addr in NODES.items()]
         (self.tmp / "hosts").write_text("\n".join(hosts) + "\n")
 
     def inside(self, where: str, *argv) -> list:
         """argv run in `where`'s namespaces ("ctl" or a node name), under that host name and the cluster's hosts."""
         host = CTL[0] if where == "ctl" else where
-        return ["nsenter", f"--net=/run/netns/{self.ns[where]}", "unshare", "--uts", "--mount", "sh", "-c",
-                f'mount --bind {self.tmp}/hosts /etc/hosts && hostname {host} && exec "$@"', "sh", *argv]
+        return [
+            "nsenter",
+            f"--net=/run/netns/{self.ns[where]}",
+            "unshare",
+            "--uts",
+            "--mount",
+            "sh",
+            "-c",
+            f'mount --bind {self.tmp}/hosts /etc/hosts && hostname {host} && exec "$@"',
+            "sh",
+            *argv,
+        ]
 
     def link(self, node: str, up: bool):
         """The node's cable: down, its packets go nowhere (a node that vanished sends no FIN, no RST)."""
@@ -181,8 +193,15 @@ class Cluster:
         folder = self.tmp / "munge"
         folder.mkdir()
         sh("mungekey", "-c", "-k", str(folder / "munge.key"))
-        sh("/usr/sbin/munged", "--force", f"--socket={folder}/munge.sock", f"--key-file={folder}/munge.key",
-           f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log", f"--seed-file={folder}/seed")
+        sh(
+            "/usr/sbin/munged",
+            "--force",
+            f"--socket={folder}/munge.sock",
+            f"--key-file={folder}/munge.key",
+            f"--pid-file={folder}/munged.pid",
+            f"--log-file={folder}/munged.log",
+            f"--seed-file={folder}/seed",
+        )
         self.munged = read_pid(folder / "munged.pid")
 
     def start_slurmd(self, node: str):
@@ -194,10 +213,12 @@ class Cluster:
     def start(self, slurmd_timeout=SLURMD_TIMEOUT):
         for sub in ("state", "spool/nq23n1", "spool/nq23n2"):
             (self.tmp / sub).mkdir(parents=True)
-        nodes = "\n".join(f"NodeName={name} NodeAddr={addr} CPUs={os.cpu_count()} State=UNKNOWN"
-                          for name, addr in NODES.items())
-        (self.tmp / "slurm.conf").write_text(CONF.format(ctl=CTL[0], ctl_addr=CTL[1], tmp=self.tmp, nodes=nodes,
-                                                         slurmd_timeout=slurmd_timeout))
+        nodes = "\n".join(
+            f"NodeName={name} NodeAddr={addr} CPUs={os.cpu_count()} State=UNKNOWN" for name, addr in NODES.items()
+        )
+        (self.tmp / "slurm.conf").write_text(
+            CONF.format(ctl=CTL[0], ctl_addr=CTL[1], tmp=self.tmp, nodes=nodes, slurmd_timeout=slurmd_timeout)
+        )
         (self.tmp / "task_prolog.sh").write_text(TASK_PROLOG)
         (self.tmp / "task_prolog.sh").chmod(0o755)
         self._network()
@@ -264,8 +285,11 @@ class Cluster:
 
     def logs(self) -> str:
         names = ["slurmctld.log"] + [f"slurmd.{node}.log" for node in NODES]
-        return "".join(f"\n--- {name} (tail)\n" + (self.tmp / name).read_text()[-2500:]
-                       for name in names if (self.tmp / name).exists())
+        return "".join(
+            f"\n--- {name} (tail)\n" + (self.tmp / name).read_text()[-2500:]
+            for name in names
+            if (self.tmp / name).exists()
+        )
 
     def stop(self):
         """Job processes first (by the namespaces' pids), then the daemons by pid, munged last, then the

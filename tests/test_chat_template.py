@@ -26,8 +26,10 @@ from test_validation import write_jsonl
 SMOKE_TOKENIZER = REPO / "recipes" / "neuron_qwen3" / "assets" / "tokenizer"
 TRL_TEMPLATE = (importlib.resources.files("trl") / "chat_templates" / "qwen3_training.jinja").read_text()
 LEFT_OUT = re.compile(r"<think>\s*</think>\n*|(?<=<\|im_end\|>)\n")  # never trained here (data/tokens.py)
-STOCK = ("import sys; from torchtitan.components.tokenizer import HuggingFaceTokenizer; "
-         "HuggingFaceTokenizer(tokenizer_path=sys.argv[1])")
+STOCK = (
+    "import sys; from torchtitan.components.tokenizer import HuggingFaceTokenizer; "
+    "HuggingFaceTokenizer(tokenizer_path=sys.argv[1])"
+)
 
 
 def folder_with(tmp_path, template: str, inline: bool):
@@ -48,8 +50,16 @@ def test_stock_torchtitan_cannot_load_a_generation_template_and_the_quirk_can(tm
     folder = folder_with(tmp_path, TRL_TEMPLATE, inline)
     stock = subprocess.run([sys.executable, "-c", STOCK, str(folder)], capture_output=True, text=True)
     assert stock.returncode != 0 and "Encountered unknown tag 'generation'" in stock.stderr
-    fixed = subprocess.run([sys.executable, "-c", "from neuron_qwen3.quirks import chat_template; "
-                            f"chat_template.apply(); {STOCK}", str(folder)], capture_output=True, text=True)
+    fixed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from neuron_qwen3.quirks import chat_template; chat_template.apply(); {STOCK}",
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert fixed.returncode == 0, fixed.stderr[-2000:]
 
 
@@ -66,13 +76,16 @@ def test_trls_template_masks_are_transformers_less_what_is_left_out(tmp_path, in
     folder = str(folder_with(tmp_path, TRL_TEMPLATE, inline))
     messages, tools = CONVERSATIONS[name], (TOOLS["tools"] if name == "tools" else None)
     hf = transformers.AutoTokenizer.from_pretrained(folder)
-    theirs = hf.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
-                                    return_assistant_tokens_mask=True)
+    theirs = hf.apply_chat_template(
+        messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     text = hf.apply_chat_template(messages, tools=tools, tokenize=False)
     offsets = hf(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     left_out = [(m.start(), m.end()) for m in LEFT_OUT.finditer(text)]
-    expected = [int(mask and not any(start < end_ and s < end for s, end_ in left_out))
-                for mask, (start, end) in zip(theirs["assistant_masks"], offsets)]
+    expected = [
+        int(mask and not any(start < end_ and s < end for s, end_ in left_out))
+        for mask, (start, end) in zip(theirs["assistant_masks"], offsets)
+    ]
     doc = Encoder(HuggingFaceTokenizer(tokenizer_path=folder)).chat(messages, tools)
     assert doc.ids == theirs["input_ids"]
     assert [int(label != IGNORE_INDEX) for label in doc.labels] == expected[1:]
@@ -80,15 +93,24 @@ def test_trls_template_masks_are_transformers_less_what_is_left_out(tmp_path, in
 
 
 def chat_data(tmp_path):
-    return write_jsonl(tmp_path / "chat.jsonl", [{"messages": CONVERSATIONS[name]} for name in sorted(CONVERSATIONS)
-                                                 if name != "tools"] * 4)
+    return write_jsonl(
+        tmp_path / "chat.jsonl",
+        [{"messages": CONVERSATIONS[name]} for name in sorted(CONVERSATIONS) if name != "tools"] * 4,
+    )
 
 
 def launch(tmp_path, *args, **env):
-    env = worker_env(SCALE="smoke", OUTPUT_DIR=str(tmp_path / "out"), CACHE_DIR=str(tmp_path / "cache"),
-                     DATASET_FIELD="messages", DATASET=chat_data(tmp_path), **env)
-    return subprocess.run([sys.executable, "-m", "entrypoint", *args], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
+    env = worker_env(
+        SCALE="smoke",
+        OUTPUT_DIR=str(tmp_path / "out"),
+        CACHE_DIR=str(tmp_path / "cache"),
+        DATASET_FIELD="messages",
+        DATASET=chat_data(tmp_path),
+        **env,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+    )
 
 
 @pytest.mark.training
@@ -105,11 +127,16 @@ def test_a_fine_tune_from_a_folder_with_trls_template_trains(tmp_path):
 
 
 @pytest.mark.training
-@pytest.mark.parametrize("template, says", [
-    ("{% for message in messages %}{{ message.content }}{% endfor", "does not compile: "),
-    ("{{ raise_exception('this template takes no user turns') }}", "the chat template refused it: this template "
-                                                                   "takes no user turns"),
-])
+@pytest.mark.parametrize(
+    "template, says",
+    [
+        ("{% for message in messages %}{{ message.content }}{% endfor", "does not compile: "),
+        (
+            "{{ raise_exception('this template takes no user turns') }}",
+            "the chat template refused it: this template takes no user turns",
+        ),
+    ],
+)
 @pytest.mark.parametrize("epochs", [{}, {"EPOCHS": "1"}], ids=["steps", "epochs"])  # EPOCHS' plan tokenizes
 def test_a_template_that_cannot_render_stops_before_launch_in_one_line(tmp_path, template, says, epochs):
     base = tiny_qwen3(tmp_path / "base")

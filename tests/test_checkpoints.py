@@ -55,11 +55,15 @@ def test_metadata_ranges_are_really_read(folder):
     assert needed == {data_file(folder / "step-20").name: data_file(folder / "step-20").stat().st_size}
 
 
-@pytest.mark.parametrize("damage, why", [
-    (lambda step: os.truncate(data_file(step), data_file(step).stat().st_size - 1), "bytes, .metadata needs"),
-    (lambda step: data_file(step).unlink(), "is missing"),
-    (lambda step: os.truncate(step / ".metadata", 100), "unreadable .metadata"),
-    (lambda step: (step / ".metadata").write_bytes(b"not a pickle"), "unreadable .metadata")])
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda step: os.truncate(data_file(step), data_file(step).stat().st_size - 1), "bytes, .metadata needs"),
+        (lambda step: data_file(step).unlink(), "is missing"),
+        (lambda step: os.truncate(step / ".metadata", 100), "unreadable .metadata"),
+        (lambda step: (step / ".metadata").write_bytes(b"not a pickle"), "unreadable .metadata"),
+    ],
+)
 def test_a_damaged_latest_checkpoint_is_skipped_and_moved_aside(folder, damage, why):
     damage(folder / "step-20")
     found = checkpoints.scan(folder)

@@ -1,4 +1,5 @@
-"""The comparison table and plots (bench/compare.py, recipes/neuron_qwen3/report/plots.py) on hand-written run folders."""
+"""The comparison table and plots (bench/compare.py, recipes/neuron_qwen3/report/plots.py) on hand-written run
+folders."""
 
 import io
 import json
@@ -10,10 +11,18 @@ from neuron_qwen3.report import plots
 def run_folder(path, variant, tokens_per_s, compiled=False, mfu=None):
     report = path / "report"
     report.mkdir(parents=True)
-    summary = {"variant": variant, "compile": compiled, "end": "finished", "steps": {"done": 4, "planned": 4},
-               "tokens_per_s": tokens_per_s, "step_time_s": 512 / tokens_per_s, "peak_memory_gib": 1.5,
-               "first_loss": 7.5, "last_loss": 6.25,
-               "mfu": {"pct": mfu, "peak_source": "CPU: no agreed peak" if mfu is None else "table"}}
+    summary = {
+        "variant": variant,
+        "compile": compiled,
+        "end": "finished",
+        "steps": {"done": 4, "planned": 4},
+        "tokens_per_s": tokens_per_s,
+        "step_time_s": 512 / tokens_per_s,
+        "peak_memory_gib": 1.5,
+        "first_loss": 7.5,
+        "last_loss": 6.25,
+        "mfu": {"pct": mfu, "peak_source": "CPU: no agreed peak" if mfu is None else "table"},
+    }
     (report / "summary.json").write_text(json.dumps(summary))
     (report / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 8 - s}) + "\n" for s in (1, 2, 3)))
     return path
@@ -51,9 +60,15 @@ def test_gpu_script_tabulates_ratios_and_failures():
         summary = {"end": "finished", "tokens_per_s": tps, "mfu": {"pct": 40.0}} if tps else {}
         return {"variant": variant, "compiled": compiled, "how": how, "exit": code, "summary": summary}
 
-    table = gpu_compare.report([result("native", False, "launcher", 1000.0), result("native", False, "by-hand", 1000.0),
-                                result("native", True, "launcher", 1500.0), result("native", True, "by-hand", 1600.0),
-                                result("v5", False, "launcher", None, code=1)]).splitlines()
+    table = gpu_compare.report(
+        [
+            result("native", False, "launcher", 1000.0),
+            result("native", False, "by-hand", 1000.0),
+            result("native", True, "launcher", 1500.0),
+            result("native", True, "by-hand", 1600.0),
+            result("v5", False, "launcher", None, code=1),
+        ]
+    ).splitlines()
     assert table[2] == "| native | eager | 0 | finished | 1,000.0 | 1,000.0 | 1.000 | 40.00 | - |"
     assert table[3] == "| native | compile | 0 | finished | 1,500.0 | 1,600.0 | 0.938 | 40.00 | 1.50 |"
     assert table[4].startswith("| v5 | eager | 1 | - | - |")

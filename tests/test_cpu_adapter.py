@@ -12,7 +12,6 @@ import pytest
 from conftest import run_scenarios
 
 
-
 @pytest.mark.training
 def test_device_is_cpu_only_with_adapter():
     upstream, patched = run_scenarios("device_selection", "upstream", "patched")

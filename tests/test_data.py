@@ -14,15 +14,26 @@ import pytest
 from conftest import REPO, worker_env
 from entrypoint import contract, preflight
 
-CHAT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"},
-                     {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And Italy?"},
-                     {"role": "assistant", "content": "Rome."}]}
+CHAT = {
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "And Italy?"},
+        {"role": "assistant", "content": "Rome."},
+    ]
+}
 
 
 def launcher(tmp_path, **env):
-    return subprocess.run([sys.executable, "-m", "entrypoint"], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env=worker_env(SCALE="smoke", OUTPUT_DIR=str(tmp_path / "out"),
-                                         CACHE_DIR=str(tmp_path / "cache"), **env))
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=worker_env(SCALE="smoke", OUTPUT_DIR=str(tmp_path / "out"), CACHE_DIR=str(tmp_path / "cache"), **env),
+    )
 
 
 def write_parquet(path, rows):
@@ -86,7 +97,8 @@ def test_launcher_exits_2_before_torchrun(tmp_path):
     result = launcher(tmp_path, DATASET=str(tmp_path / "no-field.jsonl"))
     assert result.returncode == 2 and "torch.distributed.run" not in result.stdout
     assert [line for line in result.stderr.splitlines() if "warning:" not in line] == [
-        f"entrypoint: DATASET: {tmp_path / 'no-field.jsonl'}:1: no field DATASET_FIELD='text' (the record has: body)"]
+        f"entrypoint: DATASET: {tmp_path / 'no-field.jsonl'}:1: no field DATASET_FIELD='text' (the record has: body)"
+    ]
 
 
 def build(source, field="text", tokenizer=None, **config):
@@ -96,21 +108,28 @@ def build(source, field="text", tokenizer=None, **config):
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=tokenizer or str(config_registry.SMOKE_TOKENIZER))
     return data.DataLoader.Config(source=str(source), field=field, **config).build(
-        dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=128, local_batch_size=1)
+        dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=128, local_batch_size=1
+    )
 
 
 @pytest.mark.training  # imports torchtitan and datasets: seconds, too slow for make test-fast
 def test_the_kind_is_read_from_the_records(tmp_path):
     (tmp_path / "text.jsonl").write_text(json.dumps({"body": "words and words"}) + "\n")
     (tmp_path / "chat.jsonl").write_text(json.dumps(CHAT) + "\n")
-    (tmp_path / "sharegpt.json").write_text(json.dumps([{"conversations": [{"from": "human", "value": "Hi"},
-                                                                          {"from": "gpt", "value": "Hello"}]}]))
+    (tmp_path / "sharegpt.json").write_text(
+        json.dumps([{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}])
+    )
     (tmp_path / "pc.jsonl").write_text(json.dumps({"prompt": "2+2?", "completion": "4"}) + "\n")
     (tmp_path / "lines.txt").write_text("one line\n\nanother line\n")
     write_parquet(tmp_path / "text.parquet", [{"text": "words"}] * 3)
-    for name, field, kind, records in (("text.jsonl", "body", "text", 1), ("chat.jsonl", "messages", "chat", 1),
-                                       ("sharegpt.json", "conversations", "chat", 1), ("pc.jsonl", "text", "chat", 1),
-                                       ("lines.txt", "text", "text", 2), ("text.parquet", "text", "text", 3)):
+    for name, field, kind, records in (
+        ("text.jsonl", "body", "text", 1),
+        ("chat.jsonl", "messages", "chat", 1),
+        ("sharegpt.json", "conversations", "chat", 1),
+        ("pc.jsonl", "text", "chat", 1),
+        ("lines.txt", "text", "text", 2),
+        ("text.parquet", "text", "text", 3),
+    ):
         loader = build(tmp_path / name, field, infinite=False)
         windows = list(loader)
         assert windows and loader.stats()["kind"] == kind and loader.stats()["records"] == records, name

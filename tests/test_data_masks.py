@@ -20,29 +20,59 @@ from qwen_size import FIRST_SPECIAL, SMOKE_TOKENIZER, SPECIALS
 
 pytestmark = pytest.mark.training  # imports torchtitan and transformers, and builds the real-size tokenizer
 GENERATION = Path(__file__).resolve().parent / "data" / "qwen3_style_generation.jinja"
-WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather now",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "Weather now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 CONVERSATIONS = {
-    "multi-turn": [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "Seven."},
-                   {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Eleven."}],
-    "system": [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Colour of sky?"},
-               {"role": "assistant", "content": "Blue."}],
-    "tools": [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Paris and Oslo?"},
-              {"role": "assistant", "content": None, "tool_calls": [
-                  {"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}},
-                  {"type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]},
-              {"role": "tool", "content": "18 C"}, {"role": "tool", "content": "4 C"},
-              {"role": "assistant", "content": "Paris 18 C, Oslo 4 C."}],
-    "thinking": [{"role": "user", "content": "2+2?"},
-                 {"role": "assistant", "content": "4.", "reasoning_content": "Two and two make four."},
-                 {"role": "user", "content": "3+3?"},
-                 {"role": "assistant", "content": "6.", "reasoning_content": "\nThree and three.\n"}],
-    "empty thinking": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello.",
-                                                          "reasoning_content": ""}],
-    "thinking in content": [{"role": "user", "content": "Why?"},
-                            {"role": "assistant", "content": "<think>\nBecause.\n</think>\n\nJust because."}],
-    "non-ASCII": [{"role": "user", "content": "Café, Tōkyō, 東京, emoji 🙂 and e\u0301?"},
-                  {"role": "assistant", "content": "Ça va — très bien 👍, 谢谢."}],
+    "multi-turn": [
+        {"role": "user", "content": "Name a prime."},
+        {"role": "assistant", "content": "Seven."},
+        {"role": "user", "content": "Another?"},
+        {"role": "assistant", "content": "Eleven."},
+    ],
+    "system": [
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "Colour of sky?"},
+        {"role": "assistant", "content": "Blue."},
+    ],
+    "tools": [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Paris and Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}},
+                {"type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}},
+            ],
+        },
+        {"role": "tool", "content": "18 C"},
+        {"role": "tool", "content": "4 C"},
+        {"role": "assistant", "content": "Paris 18 C, Oslo 4 C."},
+    ],
+    "thinking": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4.", "reasoning_content": "Two and two make four."},
+        {"role": "user", "content": "3+3?"},
+        {"role": "assistant", "content": "6.", "reasoning_content": "\nThree and three.\n"},
+    ],
+    "empty thinking": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello.", "reasoning_content": ""},
+    ],
+    "thinking in content": [
+        {"role": "user", "content": "Why?"},
+        {"role": "assistant", "content": "<think>\nBecause.\n</think>\n\nJust because."},
+    ],
+    "non-ASCII": [
+        {"role": "user", "content": "Café, Tōkyō, 東京, emoji 🙂 and e\u0301?"},
+        {"role": "assistant", "content": "Ça va — très bien 👍, 谢谢."},
+    ],
 }
 TOOLS = {"tools": [WEATHER]}
 
@@ -66,8 +96,13 @@ def test_the_real_size_tokenizer_is_qwens(qwen_size_tokenizer):
     ours = Tokenizer.from_file(f"{qwen_size_tokenizer}/tokenizer.json")
     theirs = get_tokenizer("qwen2.5-72b-instruct")  # the same 151,643 ranks; <|endoftext|>, <|im_start|>, <|im_end|>
     assert ours.get_vocab_size() == FIRST_SPECIAL + len(SPECIALS) == 151669
-    for text in ("Hello world!", "  spaces   and\n\n\ttabs\r\n", "Café 東京 🙂 e\u0301 (NFC)", "x**2 + 12345",
-                 "<|im_start|>user\nhi<|im_end|>\n"):
+    for text in (
+        "Hello world!",
+        "  spaces   and\n\n\ttabs\r\n",
+        "Café 東京 🙂 e\u0301 (NFC)",
+        "x**2 + 12345",
+        "<|im_start|>user\nhi<|im_end|>\n",
+    ):
         assert ours.encode(text, add_special_tokens=False).ids == theirs.encode(text), text
     assert ours.encode("<think></think><tool_call>", add_special_tokens=False).ids == [151667, 151668, 151657]
 
@@ -82,16 +117,27 @@ def test_ids_and_mask_are_transformers(qwen_size_tokenizer, size, name):
     messages, tools = CONVERSATIONS[name], (TOOLS["tools"] if name == "tools" else None)
     hf = transformers.AutoTokenizer.from_pretrained(folder)
     generation = GENERATION.read_text()
-    assert hf.apply_chat_template(messages, tools=tools, chat_template=generation, tokenize=False) == \
-        hf.apply_chat_template(messages, tools=tools, tokenize=False)
-    theirs = hf.apply_chat_template(messages, tools=tools, chat_template=generation, tokenize=True, return_dict=True,
-                                    return_assistant_tokens_mask=True)
+    assert hf.apply_chat_template(
+        messages, tools=tools, chat_template=generation, tokenize=False
+    ) == hf.apply_chat_template(messages, tools=tools, tokenize=False)
+    theirs = hf.apply_chat_template(
+        messages,
+        tools=tools,
+        chat_template=generation,
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
     doc = encoder(folder).chat(messages, tools)
-    assert doc.ids == theirs["input_ids"] == hf.apply_chat_template(messages, tools=tools, tokenize=True,
-                                                                    return_dict=True)["input_ids"]
+    assert (
+        doc.ids
+        == theirs["input_ids"]
+        == hf.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True)["input_ids"]
+    )
     assert [int(label != IGNORE_INDEX) for label in doc.labels] == theirs["assistant_masks"][1:]
-    assert [label for label in doc.labels if label != IGNORE_INDEX] == \
-        [t for t, m in zip(theirs["input_ids"][1:], theirs["assistant_masks"][1:]) if m]
+    assert [label for label in doc.labels if label != IGNORE_INDEX] == [
+        t for t, m in zip(theirs["input_ids"][1:], theirs["assistant_masks"][1:]) if m
+    ]
     assert doc.trained > 0
 
 
@@ -116,12 +162,42 @@ def test_last_and_all_counted_by_hand(qwen_size_tokenizer):
 
     im_start, im_end, think, end_think, nl, nl2 = 151644, 151645, 151667, 151668, 198, 271
     user, assistant, hi, hey, bye, ciao = 872, 77091, [13048], [18665], [1359, 68], [34, 22516]  # "By" "e", "C" "iao"
-    ids = [im_start, user, nl, *hi, im_end, nl,
-           im_start, assistant, nl, *hey, im_end, nl,
-           im_start, user, nl, *bye, im_end, nl,
-           im_start, assistant, nl, think, nl2, end_think, nl2, *ciao, im_end, nl]
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hey"},
-                {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Ciao"}]
+    ids = [
+        im_start,
+        user,
+        nl,
+        *hi,
+        im_end,
+        nl,
+        im_start,
+        assistant,
+        nl,
+        *hey,
+        im_end,
+        nl,
+        im_start,
+        user,
+        nl,
+        *bye,
+        im_end,
+        nl,
+        im_start,
+        assistant,
+        nl,
+        think,
+        nl2,
+        end_think,
+        nl2,
+        *ciao,
+        im_end,
+        nl,
+    ]
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hey"},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Ciao"},
+    ]
     last = encoder(qwen_size_tokenizer, "last").chat(messages)
     assert last.ids == ids
     assert [label for label in last.labels if label != IGNORE_INDEX] == [*ciao, im_end]  # 3 tokens

@@ -37,13 +37,16 @@ def two(tmp_path):
     return write(tmp_path / "a.jsonl", text_rows("a", 6000)), write(tmp_path / "b.jsonl", text_rows("b", 4000))
 
 
-@pytest.mark.parametrize("make, says", [
-    (lambda a, b: f"{a}:0.7,{b}", "has no weight"),
-    (lambda a, b: f"{a}:0.7,", "has no weight"),
-    (lambda a, b: f"{a}:0,{b}:1", "a weight is a number above 0"),
-    (lambda a, b: f"{a}:0.5,{a}:0.5", "is given twice"),
-    (lambda a, b: f"{a}:1,/no/such.jsonl:1", "/no/such.jsonl does not exist"),
-])
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda a, b: f"{a}:0.7,{b}", "has no weight"),
+        (lambda a, b: f"{a}:0.7,", "has no weight"),
+        (lambda a, b: f"{a}:0,{b}:1", "a weight is a number above 0"),
+        (lambda a, b: f"{a}:0.5,{a}:0.5", "is given twice"),
+        (lambda a, b: f"{a}:1,/no/such.jsonl:1", "/no/such.jsonl does not exist"),
+    ],
+)
 def test_a_bad_mix_is_one_line_naming_it(two, make, says):
     from neuron_qwen3.data import mix
     from neuron_qwen3.data.records import DataError
@@ -124,8 +127,12 @@ def loader(source, rank=0, world=1, batch=4, **config):
     from neuron_qwen3 import config_registry, data
 
     return data.DataLoader.Config(source=source, field="text", **config).build(
-        dp_world_size=world, dp_rank=rank, seq_len=SEQ, local_batch_size=batch,
-        tokenizer=HuggingFaceTokenizer(tokenizer_path=str(config_registry.SMOKE_TOKENIZER)))
+        dp_world_size=world,
+        dp_rank=rank,
+        seq_len=SEQ,
+        local_batch_size=batch,
+        tokenizer=HuggingFaceTokenizer(tokenizer_path=str(config_registry.SMOKE_TOKENIZER)),
+    )
 
 
 @pytest.mark.training  # torchtitan's dataloader and the tokenizer

@@ -53,7 +53,8 @@ def loader(path, field="messages", rank=0, world=1, batch=1, seq_len=SEQ, **conf
     from neuron_qwen3 import data
 
     return data.DataLoader.Config(source=str(path), field=field, **config).build(
-        dp_world_size=world, dp_rank=rank, tokenizer=tokenizer(), seq_len=seq_len, local_batch_size=batch)
+        dp_world_size=world, dp_rank=rank, tokenizer=tokenizer(), seq_len=seq_len, local_batch_size=batch
+    )
 
 
 def documents(window):
@@ -105,17 +106,24 @@ def test_a_long_conversation_is_truncated_at_a_turn_boundary_or_split(tmp_path, 
     assert len(long_talk.labels) > SEQ
     (cut,), how = fit(long_talk, SEQ)
     assert how == "truncated" and len(cut.labels) <= SEQ and cut.trained
-    assert cut.ids == long_talk.ids[:len(cut.ids)] and cut.labels == long_talk.labels[:len(cut.labels)]
+    assert cut.ids == long_talk.ids[: len(cut.ids)] and cut.labels == long_talk.labels[: len(cut.labels)]
     assert len(cut.ids) in long_talk.turns  # it ends where a turn begins
-    monologue = encoder.chat([{"role": "user", "content": "Talk."},
-                              {"role": "assistant", "content": " ".join(["words"] * 200)}])
+    monologue = encoder.chat(
+        [{"role": "user", "content": "Talk."}, {"role": "assistant", "content": " ".join(["words"] * 200)}]
+    )
     pieces, how = fit(monologue, SEQ)
     assert how == "split" and len(pieces) >= 2
     assert sum(p.trained for p in pieces) == monologue.trained  # every trained token is still trained once
     assert all(len(p.labels) <= SEQ for p in pieces)
     rows = [conversation(1), conversation(7, turns=12), conversation(2)]
-    rows.append({"messages": [{"role": "user", "content": "Talk."},
-                              {"role": "assistant", "content": " ".join(["words"] * 200)}]})
+    rows.append(
+        {
+            "messages": [
+                {"role": "user", "content": "Talk."},
+                {"role": "assistant", "content": " ".join(["words"] * 200)},
+            ]
+        }
+    )
     data = loader(write(tmp_path, rows), infinite=False)
     with caplog.at_level(logging.WARNING):
         list(data)

@@ -14,8 +14,11 @@ pytestmark = pytest.mark.training  # imports torchtitan and datasets
 
 GOOD_CHAT = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
 GOOD_TEXT = {"text": "Some words."}
-CALL = {"role": "assistant", "content": None,
-        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]}
+CALL = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}],
+}
 
 
 def chat(*messages, **extra):
@@ -28,27 +31,54 @@ LINE_CASES = {
     "no field": (json.dumps({"body": "x"}), "text", "no field DATASET_FIELD='text' (the record has: body)"),
     "field not a string": (json.dumps({"text": 5}), "text", "DATASET_FIELD='text' is not a string: 5"),
     "not an object": ("[1, 2]", "text", "a record must be a JSON object, not [1, 2]"),
-    "unknown role": (chat({"role": "bot", "content": "x"}, {"role": "assistant", "content": "y"}), "messages",
-                     "message 1: unknown role 'bot' (allowed: system, user, assistant, tool)"),
+    "unknown role": (
+        chat({"role": "bot", "content": "x"}, {"role": "assistant", "content": "y"}),
+        "messages",
+        "message 1: unknown role 'bot' (allowed: system, user, assistant, tool)",
+    ),
     "no assistant turn": (chat({"role": "user", "content": "x"}), "messages", "no assistant turn: nothing to train on"),
-    "content not a string": (chat({"role": "user", "content": "x"}, {"role": "assistant", "content": 42}),
-                             "messages", "message 2 (assistant): content is not a string: 42"),
-    "tool turn without a call": (chat({"role": "user", "content": "x"}, {"role": "tool", "content": "18 C"},
-                                      {"role": "assistant", "content": "y"}), "messages",
-                                 "message 2: a tool result without a preceding assistant tool call"),
-    "text in a chat dataset": (json.dumps({"messages": "Hi"}), "messages",
-                               "DATASET_FIELD='messages' is not a list of messages: 'Hi'"),
-    "bad tools": (chat({"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, tools="{"),
-                  "messages", "tools is not JSON: '{'"),
-    "tool call without a name": (chat({"role": "user", "content": "x"}, {**CALL, "tool_calls": [{"function": {}}]},
-                                      {"role": "tool", "content": "r"}, {"role": "assistant", "content": "y"}),
-                                 "messages", "message 2: a tool call needs a function name: {'function': {}}"),
-    "sharegpt unknown from": (json.dumps({"conversations": [{"from": "bot", "value": "x"}]}), "conversations",
-                              "message 1: unknown role from='bot' (allowed: human, gpt, system, function_call, "
-                              "observation)"),
-    "function_call not JSON": (json.dumps({"conversations": [{"from": "human", "value": "x"},
-                                                             {"from": "function_call", "value": "f("}]}),
-                               "conversations", "message 2 (function_call): value is not JSON: 'f('"),
+    "content not a string": (
+        chat({"role": "user", "content": "x"}, {"role": "assistant", "content": 42}),
+        "messages",
+        "message 2 (assistant): content is not a string: 42",
+    ),
+    "tool turn without a call": (
+        chat(
+            {"role": "user", "content": "x"}, {"role": "tool", "content": "18 C"}, {"role": "assistant", "content": "y"}
+        ),
+        "messages",
+        "message 2: a tool result without a preceding assistant tool call",
+    ),
+    "text in a chat dataset": (
+        json.dumps({"messages": "Hi"}),
+        "messages",
+        "DATASET_FIELD='messages' is not a list of messages: 'Hi'",
+    ),
+    "bad tools": (
+        chat({"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, tools="{"),
+        "messages",
+        "tools is not JSON: '{'",
+    ),
+    "tool call without a name": (
+        chat(
+            {"role": "user", "content": "x"},
+            {**CALL, "tool_calls": [{"function": {}}]},
+            {"role": "tool", "content": "r"},
+            {"role": "assistant", "content": "y"},
+        ),
+        "messages",
+        "message 2: a tool call needs a function name: {'function': {}}",
+    ),
+    "sharegpt unknown from": (
+        json.dumps({"conversations": [{"from": "bot", "value": "x"}]}),
+        "conversations",
+        "message 1: unknown role from='bot' (allowed: human, gpt, system, function_call, observation)",
+    ),
+    "function_call not JSON": (
+        json.dumps({"conversations": [{"from": "human", "value": "x"}, {"from": "function_call", "value": "f("}]}),
+        "conversations",
+        "message 2 (function_call): value is not JSON: 'f('",
+    ),
 }
 
 
@@ -129,11 +159,19 @@ def test_a_clean_scan_counts_what_was_read(tmp_path):
     from neuron_qwen3 import config_registry, data
 
     path = tmp_path / "chat.jsonl"
-    rows = [chat({"role": "system", "content": "s"}, {"role": "user", "content": "q"}, CALL,
-                 {"role": "tool", "content": "r"}, {"role": "assistant", "content": "a"}),
-            json.dumps({"messages": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}],
-                        "system": "Be nice."}),  # ShareGPT turns (and its system column) under the same field
-            json.dumps({"prompt": "2+2?", "completion": "4"})]
+    rows = [
+        chat(
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "q"},
+            CALL,
+            {"role": "tool", "content": "r"},
+            {"role": "assistant", "content": "a"},
+        ),
+        json.dumps(
+            {"messages": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}], "system": "Be nice."}
+        ),  # ShareGPT turns (and its system column) under the same field
+        json.dumps({"prompt": "2+2?", "completion": "4"}),
+    ]
     path.write_text("\n".join(rows) + "\n")
     formats = data.scan(str(path), "messages")
     assert formats.problem is None and formats.counts["records"] == 3 and formats.counts["turns"] == 5 + 3 + 2

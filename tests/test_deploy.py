@@ -62,8 +62,9 @@ def trainjob():
 
 
 def pod_spec(job):
-    return job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
-        "template"]["spec"]["template"]["spec"]
+    return job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"][
+        "spec"
+    ]["template"]["spec"]
 
 
 def test_trainjob_matches_the_kubeflow_trainer_crd(trainjob):
@@ -93,7 +94,7 @@ def test_trainjob_runs_the_image_launcher_with_contract_variables(trainjob):
     trainer = trainjob["spec"]["trainer"]
     dockerfile = (REPO / "Dockerfile").read_text() if (REPO / "Dockerfile").exists() else ""
     if dockerfile:
-        entry = re.search(r'^ENTRYPOINT (\[.*\])', dockerfile, re.M)
+        entry = re.search(r"^ENTRYPOINT (\[.*\])", dockerfile, re.M)
         assert trainer["command"] == json.loads(entry[1])
     assert trainer["command"] == ["python3", "-m", "entrypoint"]
     assert trainer["image"].rsplit("/", 1)[-1].split(":")[0] == "neuron-qwen3"  # what `make image` tags
@@ -117,8 +118,10 @@ def test_trainjob_runs_on_our_runtime_which_restarts_the_job(trainjob):
     node = jobset["replicatedJobs"][0]
     patched = trainjob["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     assert node["name"] == patched["name"] == "node"  # the TrainJob's pod settings land on this job
-    assert node["template"]["spec"]["template"]["spec"]["containers"][0]["name"] == \
-        pod_spec(trainjob)["containers"][0]["name"]
+    assert (
+        node["template"]["spec"]["template"]["spec"]["containers"][0]["name"]
+        == pod_spec(trainjob)["containers"][0]["name"]
+    )
 
 
 def test_manifests_set_steps_and_a_folder_per_run(trainjob):
@@ -129,8 +132,9 @@ def test_manifests_set_steps_and_a_folder_per_run(trainjob):
     for name in ("OUTPUT_DIR", "CHECKPOINT_DIR", "EXPORT_DIR"):
         assert "/$(RUN_ID)" in env[name]["value"] and names.index("RUN_ID") < names.index(name), name
     sbatch = SBATCH.read_text()
-    assert re.search(r"^RUN=\$\{RUN:-\$\{SLURM_JOB_NAME:-qwen3\}-\$\{SLURM_JOB_ID", sbatch, re.M), \
+    assert re.search(r"^RUN=\$\{RUN:-\$\{SLURM_JOB_NAME:-qwen3\}-\$\{SLURM_JOB_ID", sbatch, re.M), (
         "a requeued job keeps its id (resumes); a new submission gets a new folder"
+    )
     assert re.search(r"^export STEPS=\$\{STEPS:-(\d+)\}", sbatch, re.M)
     assert "HF_TOKEN" in sbatch
 
@@ -150,8 +154,12 @@ def test_trainjob_volumes_shm_and_stop_bound(trainjob):
     assert spec["securityContext"]["fsGroup"] == 10001
     assert spec["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
     assert spec["containers"][0]["securityContext"] == {
-        "runAsNonRoot": True, "runAsUser": 10001, "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     claims = {v["persistentVolumeClaim"]["claimName"] for v in volumes.values() if "persistentVolumeClaim" in v}
     pvcs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "pvcs.yaml").read_text()))
     assert {p["metadata"]["name"] for p in pvcs} == claims
@@ -195,9 +203,17 @@ def srun(tmp_path):
     fake.chmod(0o755)
     (tmp_path / "bin" / "scontrol").write_text(FAKE_SCONTROL)
     (tmp_path / "bin" / "scontrol").chmod(0o755)
-    return {"FAKE_SCONTROL_LOG": str(tmp_path / "scontrol"), "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "FAKE_SRUN_LOG": str(tmp_path / "srun"),
-            "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "trn-[001-002]", "SLURM_JOB_ID": "4242", "SLURM_NODEID": "0",
-            "SLURM_JOB_NAME": "qwen3", "SHARED": str(tmp_path / "fsx")}
+    return {
+        "FAKE_SCONTROL_LOG": str(tmp_path / "scontrol"),
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_SRUN_LOG": str(tmp_path / "srun"),
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "trn-[001-002]",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NAME": "qwen3",
+        "SHARED": str(tmp_path / "fsx"),
+    }
 
 
 def test_sbatch_runs_the_image_launcher_through_pyxis(srun, tmp_path):
@@ -212,16 +228,16 @@ def test_sbatch_runs_the_image_launcher_through_pyxis(srun, tmp_path):
 @pytest.mark.parametrize("status, requeued", [(143, True), (0, False), (1, False)])
 def test_sbatch_asks_for_sigterm_before_the_limit_and_requeues_a_stopped_job(srun, tmp_path, status, requeued):
     assert re.search(r"^#SBATCH --signal=TERM@\d+$", SBATCH.read_text(), re.M)  # TERM: the launcher ignores USR1
-    result = subprocess.run(["bash", str(SBATCH)], env={**srun, "FAKE_SRUN_STATUS": str(status)},
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", str(SBATCH)], env={**srun, "FAKE_SRUN_STATUS": str(status)}, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == status
     assert (tmp_path / "scontrol").exists() is requeued
     if requeued:
         assert (tmp_path / "scontrol").read_text().split() == ["requeue", "4242"]
 
 
-@pytest.mark.parametrize("tasks, status, requeued", [("143 143", 143, True), ("1 143", 1, False),
-                                                     ("143 2", 2, False)])
+@pytest.mark.parametrize("tasks, status, requeued", [("143 143", 143, True), ("1 143", 1, False), ("143 2", 2, False)])
 def test_sbatch_requeues_only_when_every_node_stopped(srun, tmp_path, tasks, status, requeued):
     """srun returns the highest status; when one node fails, --kill-on-bad-exit SIGTERMs the others (143)."""
     env = {**srun, "IMAGE": "", "NEURON_QWEN3_HOME": str(REPO), "FAKE_SRUN_STATUS": "143", "FAKE_TASK_STATUSES": tasks}
@@ -232,8 +248,15 @@ def test_sbatch_requeues_only_when_every_node_stopped(srun, tmp_path, tasks, sta
 
 
 def test_sbatch_without_image_gives_the_launcher_a_slurm_rendezvous(srun, tmp_path):
-    env = {**srun, "IMAGE": "", "NEURON_QWEN3_HOME": str(REPO), "PYTHON": sys.executable, "FAKE_SRUN_EXEC": "1",
-           "FAKE_NODEID": "1", "DEVICE": "cpu"}
+    env = {
+        **srun,
+        "IMAGE": "",
+        "NEURON_QWEN3_HOME": str(REPO),
+        "PYTHON": sys.executable,
+        "FAKE_SRUN_EXEC": "1",
+        "FAKE_NODEID": "1",
+        "DEVICE": "cpu",
+    }
     result = subprocess.run(["bash", str(SBATCH), "--dry-run"], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)

@@ -18,10 +18,11 @@ from neuron_qwen3.prelaunch import checkpoints
 # A user's recipes module: the smoke trainer, whose logged loss is multiplied by `inject_factor` at `inject_step`
 
 from neuron_qwen3.run import divergence
+
 # (the weights are not touched: the stop, not the damage, is under test). Its exit handler, registered at import,
 # before the trainer's teardown.py, runs after it and says whether the process group was destroyed and how many
 # trainers are still alive.
-INJECTING = '''
+INJECTING = """
 import atexit
 import gc
 import sys
@@ -53,7 +54,7 @@ def say_process_group():
     trainers = sum(Qwen3Trainer in type(o).__mro__ for o in gc.get_objects())  # the trainer's cycles, collected?
     print(f"at exit: process group {'alive' if dist.is_initialized() else 'destroyed'}, {trainers} trainers",
           file=sys.stderr, flush=True)
-'''
+"""
 
 
 def watch(policy="stop", losses=()):
@@ -73,7 +74,8 @@ def test_a_falling_or_noisy_curve_passes_and_a_jump_stops_naming_step_and_loss()
     assert stopped.value.code == divergence.DIVERGED == 3
     assert stopped.value.args[0] == (  # median 7.35, median absolute deviation 0.8
         "divergence: step 9: the loss 19.0000 jumped above 15.3500 (median 7.3500 + 10 x spread 0.8000 of the last 8 "
-        "logged losses): stopping before this step is saved (exit 3; NAN_POLICY=warn goes on after a spike)")
+        "logged losses): stopping before this step is saved (exit 3; NAN_POLICY=warn goes on after a spike)"
+    )
 
 
 def test_the_rule_waits_for_five_losses_and_a_flat_curve_has_a_three_percent_floor():
@@ -86,8 +88,11 @@ def test_the_rule_waits_for_five_losses_and_a_flat_curve_has_a_three_percent_flo
 @pytest.mark.parametrize("loss", [float("nan"), float("inf")])
 @pytest.mark.parametrize("policy", ["stop", "warn"])
 def test_a_non_finite_loss_stops_whatever_the_policy(policy, loss):
-    with pytest.raises(divergence.Diverged, match=rf"^divergence: step 3: the loss is {loss}: stopping before this "
-                                                  r"step is saved \(exit 3\)$"):
+    with pytest.raises(
+        divergence.Diverged,
+        match=rf"^divergence: step 3: the loss is {loss}: stopping before this "
+        r"step is saved \(exit 3\)$",
+    ):
         watch(policy, [5.0, 4.0, loss])
 
 
@@ -98,8 +103,9 @@ def test_warn_goes_on_after_a_spike_and_the_spike_joins_the_history():
 
 def test_torchtitans_non_finite_error_becomes_the_line_and_others_pass_through():
     with pytest.raises(divergence.Diverged, match="^divergence: step 7: the loss is nan: stopping"):
-        divergence.not_finite(watch(), RuntimeError("Loss is not finite (global_avg_loss=nan) at step 7. Stopping "
-                                                    "training."))
+        divergence.not_finite(
+            watch(), RuntimeError("Loss is not finite (global_avg_loss=nan) at step 7. Stopping training.")
+        )
     divergence.not_finite(watch(), RuntimeError("CUDA out of memory"))  # returns: the caller re-raises it
 
 
@@ -113,12 +119,22 @@ def run(tmp_path, factor, **env):
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(INJECTING)
     path = os.pathsep.join(filter(None, [str(package.parent), os.environ.get("PYTHONPATH")]))
-    env = worker_env(PYTHONPATH=path, SCALE="smoke", MODULE="diverging", CONFIG="injected_smoke",
-                     STEPS=str(STEPS), CHECKPOINT_DIR=str(tmp_path / "checkpoint"), CHECKPOINT_INTERVAL="1",
-                     OUTPUT_DIR=str(tmp_path / "out"), CACHE_DIR=str(tmp_path / "cache"),
-                     EXTRA_ARGS=f"--inject_step={INJECT_AT} --inject_factor={factor}", **env)
-    result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True,
-                            timeout=600)
+    env = worker_env(
+        PYTHONPATH=path,
+        SCALE="smoke",
+        MODULE="diverging",
+        CONFIG="injected_smoke",
+        STEPS=str(STEPS),
+        CHECKPOINT_DIR=str(tmp_path / "checkpoint"),
+        CHECKPOINT_INTERVAL="1",
+        OUTPUT_DIR=str(tmp_path / "out"),
+        CACHE_DIR=str(tmp_path / "cache"),
+        EXTRA_ARGS=f"--inject_step={INJECT_AT} --inject_factor={factor}",
+        **env,
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     return result, ANSI.sub("", result.stdout + result.stderr)
 
 
@@ -135,7 +151,8 @@ def test_a_nan_stops_the_run_in_one_line_and_the_newest_checkpoint_is_the_last_g
     assert re.search(r"Root Cause[^=]*exitcode\s+: 3 ", output), output[-3000:]  # in torchrun's box
     stop = lines_of(output, "divergence:")  # the console shows rank 0 (LOG_RANK)
     assert len(stop) == 1 and stop[0].endswith(
-        f"divergence: step {INJECT_AT}: the loss is nan: stopping before this step is saved (exit 3)"), stop
+        f"divergence: step {INJECT_AT}: the loss is nan: stopping before this step is saved (exit 3)"
+    ), stop
     assert "Loss is not finite" not in output  # torchtitan's traceback is replaced by the line
     assert [int(step) for step, _ in STEP_LOSS.findall(output)] == list(range(1, INJECT_AT))
     assert checkpoints.scan(tmp_path / "checkpoint").latest == INJECT_AT - 1
@@ -152,7 +169,10 @@ def test_a_spike_is_one_warning_with_nan_policy_warn_and_the_run_finishes(tmp_pa
     result, output = run(tmp_path, "100", NAN_POLICY="warn")
     assert result.returncode == 0, output[-3000:]
     warned = lines_of(output, "divergence:")
-    assert len(warned) == 1 and re.search(rf"divergence: step {INJECT_AT}: the loss \S+ jumped above .*: going on "
-                                          r"\(NAN_POLICY=warn\)$", warned[0]), warned
+    assert len(warned) == 1 and re.search(
+        rf"divergence: step {INJECT_AT}: the loss \S+ jumped above .*: going on "
+        r"\(NAN_POLICY=warn\)$",
+        warned[0],
+    ), warned
     assert checkpoints.scan(tmp_path / "checkpoint").latest == STEPS
     assert lines_of(output, "at exit: process group") == ["[rank0]:at exit: process group destroyed, 0 trainers"]

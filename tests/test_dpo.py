@@ -7,7 +7,8 @@ Runs, two at a time (independent launches, mostly imports on one core):
                the same pairs as VALIDATION; nki_moe-precomputed: the same with DPO_PRECOMPUTE_REF=1
   lora-off, lora-copy: LORA_RANK=8, 3 steps, the reference the base with the adapters off (the default) or a
                frozen copy of INIT_FROM (DPO_REFERENCE=INIT_FROM); lora-precomputed: the first, DPO_PRECOMPUTE_REF=1
-  learn:       parity pairs ("Is 4 even?" chosen yes, rejected no; 0-9), 40 steps, LR 3e-3, VALIDATION on a held-out file,
+  learn:       parity pairs ("Is 4 even?" chosen yes, rejected no; 0-9), 40 steps, LR 3e-3, VALIDATION on a held-out
+               file,
                checkpoints every 20 steps, a float32 export
   resume:      the learn run's checkpoint of step 20 alone, run again to step 40
 TRL (tests/scenarios/trl_dpo.py) runs on the same folders, pairs and optimizer settings in a fresh interpreter.
@@ -32,18 +33,31 @@ pytestmark = pytest.mark.training
 BETA, LR = 0.1, 1e-3
 AS_TRL = "--training.mixed_precision_param float32 --optimizer.param_groups.0.optimizer_kwargs.weight_decay 0"
 PAIRS = [  # each fits the nki_moe smoke window (128) alone, two fit the dense one (256)
-    ([{"role": "system", "content": "Answer with one word."}, {"role": "user", "content": "Say the word: apple"}],
-     "apple", "river"),
-    ([{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"},
-      {"role": "user", "content": "And 4 + 4?"}], "8", "It is nine."),
+    (
+        [{"role": "system", "content": "Answer with one word."}, {"role": "user", "content": "Say the word: apple"}],
+        "apple",
+        "river",
+    ),
+    (
+        [
+            {"role": "user", "content": "What is 2 + 3?"},
+            {"role": "assistant", "content": "5"},
+            {"role": "user", "content": "And 4 + 4?"},
+        ],
+        "8",
+        "It is nine.",
+    ),
     ([{"role": "user", "content": "Name a colour."}], "Blue, like the sky.", "stone"),
     ([{"role": "user", "content": "Is ice cold?"}], "Yes.", "No, it is warm."),
 ]
 
 
 def pair(prompt, chosen, rejected) -> dict:
-    return {"prompt": prompt, "chosen": [{"role": "assistant", "content": chosen}],
-            "rejected": [{"role": "assistant", "content": rejected}]}
+    return {
+        "prompt": prompt,
+        "chosen": [{"role": "assistant", "content": chosen}],
+        "rejected": [{"role": "assistant", "content": rejected}],
+    }
 
 
 def parity(n: int) -> dict:
@@ -76,14 +90,30 @@ def save(folder, seed, moe=False):
 
 def launch(tmp, name, **env):
     env = worker_env(SCALE="smoke", METHOD="dpo", OUTPUT_DIR=str(tmp / name), **env)
-    return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+    )
 
 
 def trl(policy, reference, pairs):
-    result = subprocess.run([sys.executable, str(SCENARIOS / "trl_dpo.py"), policy, reference, pairs,
-                             str(SMOKE_TOKENIZER), str(BETA), str(LR), "sigmoid"], env=worker_env(), cwd=REPO,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(SCENARIOS / "trl_dpo.py"),
+            policy,
+            reference,
+            pairs,
+            str(SMOKE_TOKENIZER),
+            str(BETA),
+            str(LR),
+            "sigmoid",
+        ],
+        env=worker_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -94,37 +124,76 @@ def records(tmp, name) -> list:
 
 @functools.cache
 def runs(tmp):
-    folders = {"dense": save(tmp / "dense", 0), "dense-ref": save(tmp / "dense-ref", 1),
-               "moe": save(tmp / "moe", 0, moe=True), "moe-ref": save(tmp / "moe-ref", 1, moe=True)}
+    folders = {
+        "dense": save(tmp / "dense", 0),
+        "dense-ref": save(tmp / "dense-ref", 1),
+        "moe": save(tmp / "moe", 0, moe=True),
+        "moe-ref": save(tmp / "moe-ref", 1, moe=True),
+    }
     pairs = write(tmp / "pairs.jsonl", [pair(*p) for p in PAIRS])
     rng = random.Random(0)
     train = write(tmp / "parity.jsonl", [parity(rng.randrange(10)) for _ in range(360)])
     held_out = write(tmp / "held-out.jsonl", [parity(rng.randrange(10)) for _ in range(40)])
     as_trl = dict(DATASET=pairs, EPOCHS="2", WARMUP_STEPS="0", LR=str(LR), DPO_BETA=str(BETA), EXTRA_ARGS=AS_TRL)
-    lora = dict(VARIANT="native", INIT_FROM=folders["dense"], LORA_RANK="8", DATASET=pairs, STEPS="3", LR="1e-2",
-                WARMUP_STEPS="0")
-    learn = dict(VARIANT="native", INIT_FROM=folders["dense"], DATASET=train, VALIDATION=held_out,
-                 VALIDATION_INTERVAL="20", STEPS="40", LR="3e-3", WARMUP_STEPS="0", CHECKPOINT_INTERVAL="20",
-                 CHECKPOINT_KEEP="0", EXPORT_DTYPE="float32")
+    lora = dict(
+        VARIANT="native",
+        INIT_FROM=folders["dense"],
+        LORA_RANK="8",
+        DATASET=pairs,
+        STEPS="3",
+        LR="1e-2",
+        WARMUP_STEPS="0",
+    )
+    learn = dict(
+        VARIANT="native",
+        INIT_FROM=folders["dense"],
+        DATASET=train,
+        VALIDATION=held_out,
+        VALIDATION_INTERVAL="20",
+        STEPS="40",
+        LR="3e-3",
+        WARMUP_STEPS="0",
+        CHECKPOINT_INTERVAL="20",
+        CHECKPOINT_KEEP="0",
+        EXPORT_DTYPE="float32",
+    )
     launches = {
         "native": dict(VARIANT="native", INIT_FROM=folders["dense"], DPO_REFERENCE=folders["dense-ref"], **as_trl),
         "v5": dict(VARIANT="v5", INIT_FROM=folders["dense"], DPO_REFERENCE=folders["dense-ref"], **as_trl),
-        "nki_moe": dict(VARIANT="nki_moe", NPROC="2", INIT_FROM=folders["moe"], DPO_REFERENCE=folders["moe-ref"],
-                        VALIDATION=pairs, **as_trl),
-        "nki_moe-precomputed": dict(VARIANT="nki_moe", NPROC="2", INIT_FROM=folders["moe"],
-                                    DPO_REFERENCE=folders["moe-ref"], VALIDATION=pairs, DPO_PRECOMPUTE_REF="1", **as_trl),
+        "nki_moe": dict(
+            VARIANT="nki_moe",
+            NPROC="2",
+            INIT_FROM=folders["moe"],
+            DPO_REFERENCE=folders["moe-ref"],
+            VALIDATION=pairs,
+            **as_trl,
+        ),
+        "nki_moe-precomputed": dict(
+            VARIANT="nki_moe",
+            NPROC="2",
+            INIT_FROM=folders["moe"],
+            DPO_REFERENCE=folders["moe-ref"],
+            VALIDATION=pairs,
+            DPO_PRECOMPUTE_REF="1",
+            **as_trl,
+        ),
         "lora-off": lora,
         "lora-precomputed": dict(lora, DPO_PRECOMPUTE_REF="1"),
         "lora-copy": dict(lora, DPO_REFERENCE=folders["dense"], EXPORT_DIR=str(tmp / "lora-export")),
     }
 
     def learn_then_resume():
-        first = launch(tmp, "learn", **learn, CHECKPOINT_DIR=str(tmp / "learn-checkpoint"),
-                       EXPORT_DIR=str(tmp / "learn-export"))
-        shutil.copytree(tmp / "learn-checkpoint", tmp / "resume-checkpoint",
-                        ignore=lambda folder, names: [name for name in names if name == "step-40"])
-        return first, launch(tmp, "resume", **learn, CHECKPOINT_DIR=str(tmp / "resume-checkpoint"),
-                             EXPORT_DIR=str(tmp / "resume-export"))
+        first = launch(
+            tmp, "learn", **learn, CHECKPOINT_DIR=str(tmp / "learn-checkpoint"), EXPORT_DIR=str(tmp / "learn-export")
+        )
+        shutil.copytree(
+            tmp / "learn-checkpoint",
+            tmp / "resume-checkpoint",
+            ignore=lambda folder, names: [name for name in names if name == "step-40"],
+        )
+        return first, launch(
+            tmp, "resume", **learn, CHECKPOINT_DIR=str(tmp / "resume-checkpoint"), EXPORT_DIR=str(tmp / "resume-export")
+        )
 
     with ThreadPoolExecutor(2) as pool:  # the longest job first
         chained = pool.submit(learn_then_resume)
@@ -141,8 +210,10 @@ def done(tmp_path_factory):
     return runs(tmp_path_factory.mktemp("dpo"))
 
 
-@pytest.mark.parametrize("name", ["native", "v5", "nki_moe", "nki_moe-precomputed", "lora-off", "lora-copy",
-                                  "lora-precomputed", "learn", "resume"])
+@pytest.mark.parametrize(
+    "name",
+    ["native", "v5", "nki_moe", "nki_moe-precomputed", "lora-off", "lora-copy", "lora-precomputed", "learn", "resume"],
+)
 def test_runs_finish(done, name):
     result = done["runs"][name]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -188,8 +259,9 @@ def test_a_precomputed_reference_trains_and_validates_as_the_live_one(done, live
     ours, theirs = records(done["tmp"], precomputed), records(done["tmp"], live)
     assert [r["step"] for r in ours] == [r["step"] for r in theirs] and len(ours) >= 3
     for a, b in zip(ours, theirs):
-        assert a.get("loss", a.get("validation_loss")) == pytest.approx(b.get("loss", b.get("validation_loss")),
-                                                                        rel=1e-6)
+        assert a.get("loss", a.get("validation_loss")) == pytest.approx(
+            b.get("loss", b.get("validation_loss")), rel=1e-6
+        )
         assert a["dpo"]["rewards/margins"] == pytest.approx(b["dpo"]["rewards/margins"], rel=1e-5, abs=1e-6)
     assert "computed in one pass at the first step" in done["runs"][precomputed].stdout
 
@@ -243,8 +315,11 @@ def test_a_resumed_run_trains_the_same_steps_bit_for_bit(done):
     steps = sorted(again)
     assert steps == list(range(21, 41))
     assert all(again[step]["loss"] == first[step]["loss"] for step in steps)
-    assert [r for r in records(done["tmp"], "resume") if "validation_loss" in r][-1]["dpo"] == \
-        [r for r in records(done["tmp"], "learn") if "validation_loss" in r][-1]["dpo"]
-    ours, theirs = load_file(done["tmp"] / "resume-export" / "model.safetensors"), \
-        load_file(done["tmp"] / "learn-export" / "model.safetensors")
+    assert [r for r in records(done["tmp"], "resume") if "validation_loss" in r][-1]["dpo"] == [
+        r for r in records(done["tmp"], "learn") if "validation_loss" in r
+    ][-1]["dpo"]
+    ours, theirs = (
+        load_file(done["tmp"] / "resume-export" / "model.safetensors"),
+        load_file(done["tmp"] / "learn-export" / "model.safetensors"),
+    )
     assert sorted(ours) == sorted(theirs) and all(torch.equal(ours[key], theirs[key]) for key in ours)

@@ -24,8 +24,13 @@ def hub(tmp_path):
 
 
 def fetch(hub, dest, *flags, **env):
-    return subprocess.run([sys.executable, "-m", "neuron_qwen3.hf.fetch", "Qwen/Qwen3-4B", str(dest), *flags],
-                          env={**hub, **env}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_qwen3.hf.fetch", "Qwen/Qwen3-4B", str(dest), *flags],
+        env={**hub, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_missing_lists_the_required_files(tmp_path):
@@ -49,19 +54,23 @@ def test_a_failed_fetch_is_one_redacted_line_and_status_1(hub, tmp_path):
     result = fetch(hub, tmp_path / "Qwen3-4B", FAKE_HUB_FAIL="1")
     assert result.returncode == 1 and TOKEN not in result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("assets: could not")]
-    assert errors == ["assets: could not fetch Qwen/Qwen3-4B into "
-                      f"{tmp_path}/Qwen3-4B: OSError: 401 Client Error for url https://huggingface.co/Qwen/Qwen3-4B "
-                      "(Authorization: Bearer ***); to go on, fill it where the Hub is reachable (`hf download "
-                      "Qwen/Qwen3-4B --include 'config.json' 'tokenizer.json' 'tokenizer_config.json' 'generation_config.json' "
-                      "'vocab.json' 'merges.txt' --local-dir "
-                      f"{tmp_path}/Qwen3-4B`) or mount a folder that has them at ASSETS_DIR"]
+    assert errors == [
+        "assets: could not fetch Qwen/Qwen3-4B into "
+        f"{tmp_path}/Qwen3-4B: OSError: 401 Client Error for url https://huggingface.co/Qwen/Qwen3-4B "
+        "(Authorization: Bearer ***); to go on, fill it where the Hub is reachable (`hf download "
+        "Qwen/Qwen3-4B --include 'config.json' 'tokenizer.json' 'tokenizer_config.json' 'generation_config.json' "
+        "'vocab.json' 'merges.txt' --local-dir "
+        f"{tmp_path}/Qwen3-4B`) or mount a folder that has them at ASSETS_DIR"
+    ]
 
 
 def test_offline_or_checked_it_fetches_nothing_and_says_what_is_missing(hub, tmp_path):
     offline = fetch(hub, tmp_path / "Qwen3-4B", "--offline")
     assert (offline.returncode, offline.stdout, offline.stderr.count("\n")) == (2, "", 1), offline.stderr
-    assert offline.stderr.startswith(f"assets: {tmp_path}/Qwen3-4B has no config.json, tokenizer.json, "
-                                     "tokenizer_config.json and HF_HUB_OFFLINE=1 forbids downloading them")
+    assert offline.stderr.startswith(
+        f"assets: {tmp_path}/Qwen3-4B has no config.json, tokenizer.json, "
+        "tokenizer_config.json and HF_HUB_OFFLINE=1 forbids downloading them"
+    )
     assert "`hf download Qwen/Qwen3-4B --local-dir" in offline.stderr
     checked = fetch(hub, tmp_path / "Qwen3-4B", "--check")
     assert checked.returncode == 3 and "the launch fetches Qwen/Qwen3-4B" in checked.stdout, checked.stderr
@@ -81,7 +90,9 @@ def test_an_assets_folder_that_cannot_be_written_stops_before_the_download(hub, 
 
 
 def test_a_fetch_that_leaves_a_file_out_stops_the_launch(hub, tmp_path, monkeypatch, capfd):
-    code, out, err, launched = run_launcher(monkeypatch, capfd, full_scale(hub, tmp_path, FAKE_HUB_SKIP="tokenizer.json"))
+    code, out, err, launched = run_launcher(
+        monkeypatch, capfd, full_scale(hub, tmp_path, FAKE_HUB_SKIP="tokenizer.json")
+    )
     assert code == 1 and launched == [] and "but has no tokenizer.json" in err, err
 
 

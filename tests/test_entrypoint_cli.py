@@ -21,13 +21,23 @@ from neuron_qwen3.shapes import MODELS
 
 REPO = Path(__file__).resolve().parent.parent
 VAR = {var.name: var for var in contract.VARS}
-HAS_TORCH_NEURONX = bool(subprocess.run([sys.executable, "-c", "import importlib.util as u, sys; "
-                                         "sys.exit(not u.find_spec('torch_neuronx'))"]).returncode == 0)
+HAS_TORCH_NEURONX = bool(
+    subprocess.run(
+        [sys.executable, "-c", "import importlib.util as u, sys; sys.exit(not u.find_spec('torch_neuronx'))"]
+    ).returncode
+    == 0
+)
 
 
 def entrypoint(*args, root, python_flags=(), **env):
-    return subprocess.run([sys.executable, *python_flags, "-c", ROOTED, str(root), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, env={"PATH": os.environ["PATH"], **env})
+    return subprocess.run(
+        [sys.executable, *python_flags, "-c", ROOTED, str(root), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": os.environ["PATH"], **env},
+    )
 
 
 def neuron_tree(root, devices=0, *names):
@@ -37,9 +47,21 @@ def neuron_tree(root, devices=0, *names):
     return root
 
 
-BAD = [("VARIANT", "foo"), ("SCALE", "huge"), ("COMPILE", "maybe"), ("STEPS", "abc"), ("STEPS", "0"), ("STEPS", "-2"),
-       ("NPROC", "four"), ("NPROC", "0"), ("NEURON_LOGICAL_NC_CONFIG", "4"), ("NEURON_RT_VISIBLE_CORES", "3-0"),
-       ("NEURON_RT_VISIBLE_CORES", "1,1"), ("NEURON_RT_VISIBLE_CORES", "x"), ("EXTRA_ARGS", '"unclosed')]
+BAD = [
+    ("VARIANT", "foo"),
+    ("SCALE", "huge"),
+    ("COMPILE", "maybe"),
+    ("STEPS", "abc"),
+    ("STEPS", "0"),
+    ("STEPS", "-2"),
+    ("NPROC", "four"),
+    ("NPROC", "0"),
+    ("NEURON_LOGICAL_NC_CONFIG", "4"),
+    ("NEURON_RT_VISIBLE_CORES", "3-0"),
+    ("NEURON_RT_VISIBLE_CORES", "1,1"),
+    ("NEURON_RT_VISIBLE_CORES", "x"),
+    ("EXTRA_ARGS", '"unclosed'),
+]
 
 
 @pytest.mark.parametrize("dry_run", [(), ("--dry-run",)], ids=["launch", "dry-run"])
@@ -53,13 +75,17 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, name, raw, dry_run):
 def test_error_lines_redact_the_token(tmp_path):
     result = entrypoint(root=tmp_path, HF_TOKEN="hf_do_not_print", EXTRA_ARGS="--token hf_do_not_print 'open")
     assert result.returncode == 2
-    assert result.stderr == "entrypoint: EXTRA_ARGS=\"--token *** 'open\" is not shell words\n"
+    assert result.stderr == 'entrypoint: EXTRA_ARGS="--token *** \'open" is not shell words\n'
 
 
-@pytest.mark.parametrize("devices, env, words", [
-    (4, {"NPROC": "17"}, ["NPROC=17", "16 logical NeuronCores", "1-16"]),
-    (4, {"NEURON_RT_VISIBLE_CORES": "0-16"}, ["NEURON_RT_VISIBLE_CORES", "core 16", "0-15"]),
-    (0, {"NPROC": str(os.cpu_count() + 1), "SCALE": "smoke"}, [f"NPROC={os.cpu_count() + 1}", "CPU cores"])])
+@pytest.mark.parametrize(
+    "devices, env, words",
+    [
+        (4, {"NPROC": "17"}, ["NPROC=17", "16 logical NeuronCores", "1-16"]),
+        (4, {"NEURON_RT_VISIBLE_CORES": "0-16"}, ["NEURON_RT_VISIBLE_CORES", "core 16", "0-15"]),
+        (0, {"NPROC": str(os.cpu_count() + 1), "SCALE": "smoke"}, [f"NPROC={os.cpu_count() + 1}", "CPU cores"]),
+    ],
+)
 def test_impossible_requests_are_one_line_and_status_2(tmp_path, devices, env, words):
     result = entrypoint("--dry-run", root=neuron_tree(tmp_path, devices), **env)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
@@ -72,8 +98,12 @@ def test_gap_in_device_numbers(tmp_path):
 
 
 def test_dry_run_on_four_neuron_devices_needs_no_torch_neuronx(tmp_path):
-    result = entrypoint("--dry-run", root=neuron_tree(tmp_path, 4), HF_TOKEN="hf_do_not_print",
-                        EXTRA_ARGS="--metrics.save_tb_folder hf_do_not_print")
+    result = entrypoint(
+        "--dry-run",
+        root=neuron_tree(tmp_path, 4),
+        HF_TOKEN="hf_do_not_print",
+        EXTRA_ARGS="--metrics.save_tb_folder hf_do_not_print",
+    )
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)
     assert (shown["devices"]["kind"], shown["devices"]["count"], shown["nproc"]) == ("neuron", 16, 16)
@@ -82,22 +112,34 @@ def test_dry_run_on_four_neuron_devices_needs_no_torch_neuronx(tmp_path):
     assert "hf_do_not_print" not in result.stdout + result.stderr
     config = shown["torchtitan_config"]  # the config the workers will run, from the recipes' own pass
     assert (config["device"], config["report"]["config"], config["training"]["steps"]) == (
-        "neuron", "native_qwen3_4b", 10)
+        "neuron",
+        "native_qwen3_4b",
+        10,
+    )
     assert shown["model_size"]["parameters"] == 4022468096 and shown["model_size"]["fits"]
 
 
 def test_dry_run_at_full_scale_on_cpu_says_it_computes_in_float32(tmp_path):
     """The workers' device set-up makes a full-scale config float32 on CPU (finish.cpu_float32); the dry run
     shows the config as they will run it and says why. PYTHONPATH: a worktree's recipes, not the installed ones."""
-    result = entrypoint("--dry-run", root=neuron_tree(tmp_path), SCALE="full", VARIANT="nki_moe",
-                        PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    result = entrypoint(
+        "--dry-run",
+        root=neuron_tree(tmp_path),
+        SCALE="full",
+        VARIANT="nki_moe",
+        PYTHONPATH=os.environ.get("PYTHONPATH", ""),
+    )
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)
     assert [line.split(" (")[0] for line in shown["notes"]] == ["precision: float32"], shown["notes"]
     config = shown["torchtitan_config"]
     assert (config["device"], config["training"]["mixed_precision_param"]) == ("cpu", "float32")
-    assert config["override"]["imports"] == [["neuron_qwen3.moe.experts.nki_grouped_experts",  # as the workers
-                                               {"kernel": "auto", "logical_nc_config": 2, "compute_dtype": "float32"}]]
+    assert config["override"]["imports"] == [
+        [
+            "neuron_qwen3.moe.experts.nki_grouped_experts",  # as the workers
+            {"kernel": "auto", "logical_nc_config": 2, "compute_dtype": "float32"},
+        ]
+    ]
 
 
 @pytest.mark.skipif(HAS_TORCH_NEURONX, reason="torch_neuronx is installed here")
@@ -118,11 +160,13 @@ def test_dry_run_does_not_import_torch(tmp_path):
 
 def test_every_launcher_module_is_stdlib_only():
     """The launch path (preflight, checkpoints, assets, rendezvous, launch) imports nothing outside the stdlib."""
-    code = ("import sys, sysconfig; import entrypoint.cli, entrypoint.preflight, "
-            "entrypoint.rendezvous, entrypoint.launch, entrypoint.lease; "
-            "roots = {sysconfig.get_path(k) for k in ('stdlib', 'platstdlib')}; "
-            "print('\\n'.join(m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None) "
-            "and not any(m.__file__.startswith(r) for r in roots)))")
+    code = (
+        "import sys, sysconfig; import entrypoint.cli, entrypoint.preflight, "
+        "entrypoint.rendezvous, entrypoint.launch, entrypoint.lease; "
+        "roots = {sysconfig.get_path(k) for k in ('stdlib', 'platstdlib')}; "
+        "print('\\n'.join(m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None) "
+        "and not any(m.__file__.startswith(r) for r in roots)))"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     outside = [path for path in result.stdout.split() if not path.startswith(str(REPO / "entrypoint"))]
@@ -134,7 +178,7 @@ def test_list_and_help(tmp_path):
     for line, variant in zip(listed, VARIANTS.values()):
         assert line.startswith(variant.name) and variant.summary in line
         assert all(config in line for config in (*variant.configs.values(), variant.model_config))
-    assert [line.split()[0] for line in listed[len(VARIANTS) + 2:]] == list(MODELS)
+    assert [line.split()[0] for line in listed[len(VARIANTS) + 2 :]] == list(MODELS)
     helped = entrypoint("--help", root=tmp_path)
     assert helped.returncode == 0
     for var in contract.VARS:  # the name, its default, what it accepts and the flag it sets, as the docs' tables
@@ -144,9 +188,15 @@ def test_list_and_help(tmp_path):
 
 def test_launch_line_redacts_the_token_and_returns_the_child_status(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(launch, "watch", lambda: None)  # leave pytest's own signal handlers alone
-    environ = {"PATH": os.environ["PATH"], "HF_TOKEN": "hf_do_not_print", "EXTRA_ARGS": "--x.y hf_do_not_print",
-               "SCALE": "smoke", "CACHE_DIR": str(tmp_path / "cache"), "OUTPUT_DIR": str(tmp_path / "out"),
-               "PREFLIGHT": "warn"}  # --x.y is no flag of the config: the pre-launch pass says so, as a warning here
+    environ = {
+        "PATH": os.environ["PATH"],
+        "HF_TOKEN": "hf_do_not_print",
+        "EXTRA_ARGS": "--x.y hf_do_not_print",
+        "SCALE": "smoke",
+        "CACHE_DIR": str(tmp_path / "cache"),
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "PREFLIGHT": "warn",
+    }  # --x.y is no flag of the config: the pre-launch pass says so, as a warning here
     launched = []
     monkeypatch.setattr(launch, "run", lambda argv, env, grace, peer: launched.append((argv, env, grace, peer)) or 5)
     assert cli.main([], environ, root=str(tmp_path)) == 5
@@ -161,9 +211,17 @@ def test_launch_line_redacts_the_token_and_returns_the_child_status(tmp_path, mo
 
 def test_every_node_but_0_watches_the_rendezvous_host(tmp_path, monkeypatch):
     monkeypatch.setattr(launch, "watch", lambda: None)
-    environ = {"PATH": os.environ["PATH"], "SCALE": "smoke", "CACHE_DIR": str(tmp_path / "cache"),
-               "OUTPUT_DIR": str(tmp_path / "out"), "NNODES": "2", "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29400",
-               "PEER_TIMEOUT": "42", "PREFLIGHT": "warn"}
+    environ = {
+        "PATH": os.environ["PATH"],
+        "SCALE": "smoke",
+        "CACHE_DIR": str(tmp_path / "cache"),
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "NNODES": "2",
+        "MASTER_ADDR": "10.0.0.7",
+        "MASTER_PORT": "29400",
+        "PEER_TIMEOUT": "42",
+        "PREFLIGHT": "warn",
+    }
     peers = []
     monkeypatch.setattr(launch, "run", lambda argv, env, grace, peer: peers.append((peer, argv)) or 0)
     monkeypatch.setattr(preflight, "recipes_pass", lambda *args, **kwargs: ([], {}))  # its checks: elsewhere
@@ -237,10 +295,22 @@ def test_sigterm_during_discovery_exits_143_and_launches_nothing(tmp_path):
     stub.parent.mkdir()
     stub.write_text(NEURON_LS_STUB)
     stub.chmod(0o755)
-    env = {"PATH": f"{stub.parent}:{os.environ['PATH']}", "STUB_DIR": str(tmp_path), "SCALE": "smoke",
-           "OUTPUT_DIR": str(tmp_path / "out"), "CACHE_DIR": str(tmp_path / "cache"), "PREFLIGHT": "warn"}
-    launcher = subprocess.Popen([sys.executable, "-m", "entrypoint"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    env = {
+        "PATH": f"{stub.parent}:{os.environ['PATH']}",
+        "STUB_DIR": str(tmp_path),
+        "SCALE": "smoke",
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "CACHE_DIR": str(tmp_path / "cache"),
+        "PREFLIGHT": "warn",
+    }
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "entrypoint"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not (tmp_path / "neuron-ls.started").exists():

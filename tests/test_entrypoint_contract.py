@@ -17,9 +17,17 @@ def test_every_variable_has_a_settings_field_and_an_empty_environment_means_the_
     settings = contract.parse({})
     assert [field.name for field in dataclasses.fields(settings)] == [var.name.lower() for var in contract.VARS]
     assert [var.name for var in contract.VARS if var.default is None and getattr(settings, var.name.lower())] == []
-    assert (settings.variant, settings.scale, settings.compile, settings.extra_args, settings.checkpoint_dir,
-            settings.hf_hub_offline, settings.stop_grace, settings.log_rank, settings.module) == (
-        DEFAULT_VARIANT, "full", False, (), None, False, 20, "0", RECIPE_MODULE)
+    assert (
+        settings.variant,
+        settings.scale,
+        settings.compile,
+        settings.extra_args,
+        settings.checkpoint_dir,
+        settings.hf_hub_offline,
+        settings.stop_grace,
+        settings.log_rank,
+        settings.module,
+    ) == (DEFAULT_VARIANT, "full", False, (), None, False, 20, "0", RECIPE_MODULE)
 
 
 @pytest.mark.parametrize("name, values", [("VARIANT", VARIANTS), ("SCALE", SCALES)])
@@ -33,24 +41,49 @@ def test_compile_switch(raw):
     assert contract.parse({"COMPILE": raw}).compile is values.SWITCH[raw.strip().lower()]
 
 
-@pytest.mark.parametrize("raw, cores", [("3", (3,)), ("0-3", (0, 1, 2, 3)), ("0-3,8", (0, 1, 2, 3, 8)),
-                                        ("0,2,4-7", (0, 2, 4, 5, 6, 7)), ("5-5", (5,))])
+@pytest.mark.parametrize(
+    "raw, cores",
+    [("3", (3,)), ("0-3", (0, 1, 2, 3)), ("0-3,8", (0, 1, 2, 3, 8)), ("0,2,4-7", (0, 2, 4, 5, 6, 7)), ("5-5", (5,))],
+)
 def test_visible_core_forms(raw, cores):
     assert contract.parse({"NEURON_RT_VISIBLE_CORES": raw}).neuron_rt_visible_cores == cores
 
 
 def test_faults_and_preflight_values():
-    settings = contract.parse({"CHECKPOINT_DIR": "/c", "CHECKPOINT_INTERVAL": "5", "CHECKPOINT_KEEP": "0",
-                               "MAX_RESTARTS": "2", "STOP_GRACE": "7", "PREFLIGHT": "warn", "HF_HUB_OFFLINE": "1",
-                               "NEURON_CC_FLAGS": "--lnc=2 -O1"})
-    assert (settings.checkpoint_dir, settings.checkpoint_interval, settings.checkpoint_keep, settings.max_restarts,
-            settings.stop_grace, settings.preflight, settings.hf_hub_offline, settings.neuron_cc_flags) == (
-        "/c", 5, 0, 2, 7, "warn", True, ("--lnc=2", "-O1"))
+    settings = contract.parse(
+        {
+            "CHECKPOINT_DIR": "/c",
+            "CHECKPOINT_INTERVAL": "5",
+            "CHECKPOINT_KEEP": "0",
+            "MAX_RESTARTS": "2",
+            "STOP_GRACE": "7",
+            "PREFLIGHT": "warn",
+            "HF_HUB_OFFLINE": "1",
+            "NEURON_CC_FLAGS": "--lnc=2 -O1",
+        }
+    )
+    assert (
+        settings.checkpoint_dir,
+        settings.checkpoint_interval,
+        settings.checkpoint_keep,
+        settings.max_restarts,
+        settings.stop_grace,
+        settings.preflight,
+        settings.hf_hub_offline,
+        settings.neuron_cc_flags,
+    ) == ("/c", 5, 0, 2, 7, "warn", True, ("--lnc=2", "-O1"))
 
 
 def test_every_variable_has_a_docs_group():
-    assert {var.group for var in contract.VARS} == {"run", "paths", "rendezvous", "kubeflow", "slurm", "faults",
-                                                    "preflight"}
+    assert {var.group for var in contract.VARS} == {
+        "run",
+        "paths",
+        "rendezvous",
+        "kubeflow",
+        "slurm",
+        "faults",
+        "preflight",
+    }
 
 
 def test_numbers_and_words():
@@ -59,31 +92,113 @@ def test_numbers_and_words():
     assert settings.cuda_visible_devices == ()
 
 
-BAD = [("VARIANT", "foo"), ("VARIANT", ""), ("SCALE", "huge"), ("COMPILE", "maybe"), ("STEPS", "abc"), ("STEPS", "0"),
-       ("STEPS", "-1"), ("STEPS", "1.5"), ("NPROC", "x"), ("NPROC", "0"), ("NEURON_LOGICAL_NC_CONFIG", "3"),
-       ("NEURON_RT_VISIBLE_CORES", "3-1"), ("NEURON_RT_VISIBLE_CORES", "0-3,2"), ("NEURON_RT_VISIBLE_CORES", "a"),
-       ("NEURON_RT_VISIBLE_CORES", ""), ("NEURON_RT_VISIBLE_CORES", "1,,2"), ("NEURON_RT_VISIBLE_CORES", "3-"),
-       ("NEURON_RT_VISIBLE_CORES", "-3"), ("EXTRA_ARGS", "--a 'open"), ("CHECKPOINT_INTERVAL", "0"),
-       ("CHECKPOINT_KEEP", "1"), ("CHECKPOINT_KEEP", "-2"), ("MAX_RESTARTS", "-1"), ("STOP_GRACE", "0"),
-       ("STOP_GRACE", "1.5"), ("PREFLIGHT", "off"), ("HF_HUB_OFFLINE", "maybe"), ("NEURON_CC_FLAGS", "--lnc='2"),
-       ("MODEL", "Qwen/Qwen2-7B"), ("MODEL", "meta-llama/Llama-3-8B"), ("MODEL", "Qwen/Qwen3-8b"),
-       ("NEURON_QWEN3_MOE_KERNEL", "NKI"), ("LR", "nan"), ("LR", "inf"), ("LR", "1e999"), ("LR", "-1e-5"),
-       ("LR", "2"), ("LR", "0x1"), ("LR", "1_0"), ("LR", "2e-5 "), ("WARMUP_STEPS", "1.5"),
-       ("WARMUP_STEPS", "1.0"), ("WARMUP_STEPS", "-3"), ("WARMUP_STEPS", "nan"), ("WARMUP_STEPS", "0.0"), ("WARMUP_STEPS", "1e-2"),
-       ("LR_SCHEDULE", "constant"), ("LR_SCHEDULE", "Cosine"), ("BATCH_SIZE", "0"), ("BATCH_SIZE", "2.5"),
-       ("SEQ_LEN", "0"), ("SEQ_LEN", "1e3"), ("SEED", "-1"), ("SEED", "4294967296"), ("NAN_POLICY", "ignore"),
-       ("VALIDATION", ""), ("VALIDATION", "0"), ("VALIDATION", "1"),
-       ("VALIDATION", "0.0"), ("VALIDATION", "1.5"), ("VALIDATION", "5"), ("VALIDATION", "-0.1"),
-       ("VALIDATION", "--training.steps=9"), ("VALIDATION", "a\nb"), ("VALIDATION_INTERVAL", "0"),
-       ("VALIDATION_INTERVAL", "2.5"), ("EPOCHS", "0"), ("EPOCHS", "-1"), ("EPOCHS", "1.5"), ("EPOCHS", "three"),
-       ("EPOCHS", " 2"), ("MOE_AUX_LOSS", "-1"), ("MOE_AUX_LOSS", "-0"), ("MOE_AUX_LOSS", "nan"),
-       ("MOE_AUX_LOSS", "inf"), ("MOE_AUX_LOSS", "0x1"), ("MOE_AUX_LOSS", ""), ("MOE_Z_LOSS", "-0.001"),
-       ("MOE_Z_LOSS", "1e-3 "), ("MOE_Z_LOSS", "off"), ("MOE_ROUTER", "thaw"), ("MOE_ROUTER", "Freeze"),
-       ("MOE_ROUTER", ""), ("MOE_AUX_LOSS", "1e999"), ("MOE_Z_LOSS", "1e999"), ("LORA_ALPHA", "1e999")]
+BAD = [
+    ("VARIANT", "foo"),
+    ("VARIANT", ""),
+    ("SCALE", "huge"),
+    ("COMPILE", "maybe"),
+    ("STEPS", "abc"),
+    ("STEPS", "0"),
+    ("STEPS", "-1"),
+    ("STEPS", "1.5"),
+    ("NPROC", "x"),
+    ("NPROC", "0"),
+    ("NEURON_LOGICAL_NC_CONFIG", "3"),
+    ("NEURON_RT_VISIBLE_CORES", "3-1"),
+    ("NEURON_RT_VISIBLE_CORES", "0-3,2"),
+    ("NEURON_RT_VISIBLE_CORES", "a"),
+    ("NEURON_RT_VISIBLE_CORES", ""),
+    ("NEURON_RT_VISIBLE_CORES", "1,,2"),
+    ("NEURON_RT_VISIBLE_CORES", "3-"),
+    ("NEURON_RT_VISIBLE_CORES", "-3"),
+    ("EXTRA_ARGS", "--a 'open"),
+    ("CHECKPOINT_INTERVAL", "0"),
+    ("CHECKPOINT_KEEP", "1"),
+    ("CHECKPOINT_KEEP", "-2"),
+    ("MAX_RESTARTS", "-1"),
+    ("STOP_GRACE", "0"),
+    ("STOP_GRACE", "1.5"),
+    ("PREFLIGHT", "off"),
+    ("HF_HUB_OFFLINE", "maybe"),
+    ("NEURON_CC_FLAGS", "--lnc='2"),
+    ("MODEL", "Qwen/Qwen2-7B"),
+    ("MODEL", "meta-llama/Llama-3-8B"),
+    ("MODEL", "Qwen/Qwen3-8b"),
+    ("NEURON_QWEN3_MOE_KERNEL", "NKI"),
+    ("LR", "nan"),
+    ("LR", "inf"),
+    ("LR", "1e999"),
+    ("LR", "-1e-5"),
+    ("LR", "2"),
+    ("LR", "0x1"),
+    ("LR", "1_0"),
+    ("LR", "2e-5 "),
+    ("WARMUP_STEPS", "1.5"),
+    ("WARMUP_STEPS", "1.0"),
+    ("WARMUP_STEPS", "-3"),
+    ("WARMUP_STEPS", "nan"),
+    ("WARMUP_STEPS", "0.0"),
+    ("WARMUP_STEPS", "1e-2"),
+    ("LR_SCHEDULE", "constant"),
+    ("LR_SCHEDULE", "Cosine"),
+    ("BATCH_SIZE", "0"),
+    ("BATCH_SIZE", "2.5"),
+    ("SEQ_LEN", "0"),
+    ("SEQ_LEN", "1e3"),
+    ("SEED", "-1"),
+    ("SEED", "4294967296"),
+    ("NAN_POLICY", "ignore"),
+    ("VALIDATION", ""),
+    ("VALIDATION", "0"),
+    ("VALIDATION", "1"),
+    ("VALIDATION", "0.0"),
+    ("VALIDATION", "1.5"),
+    ("VALIDATION", "5"),
+    ("VALIDATION", "-0.1"),
+    ("VALIDATION", "--training.steps=9"),
+    ("VALIDATION", "a\nb"),
+    ("VALIDATION_INTERVAL", "0"),
+    ("VALIDATION_INTERVAL", "2.5"),
+    ("EPOCHS", "0"),
+    ("EPOCHS", "-1"),
+    ("EPOCHS", "1.5"),
+    ("EPOCHS", "three"),
+    ("EPOCHS", " 2"),
+    ("MOE_AUX_LOSS", "-1"),
+    ("MOE_AUX_LOSS", "-0"),
+    ("MOE_AUX_LOSS", "nan"),
+    ("MOE_AUX_LOSS", "inf"),
+    ("MOE_AUX_LOSS", "0x1"),
+    ("MOE_AUX_LOSS", ""),
+    ("MOE_Z_LOSS", "-0.001"),
+    ("MOE_Z_LOSS", "1e-3 "),
+    ("MOE_Z_LOSS", "off"),
+    ("MOE_ROUTER", "thaw"),
+    ("MOE_ROUTER", "Freeze"),
+    ("MOE_ROUTER", ""),
+    ("MOE_AUX_LOSS", "1e999"),
+    ("MOE_Z_LOSS", "1e999"),
+    ("LORA_ALPHA", "1e999"),
+]
 # Variables whose value is free text (paths, ids, tokens, shell words): passed as one argv word, never to a shell.
-FREE_TEXT = {"EXTRA_ARGS", "INIT_FROM", "EXPORT_DIR", "DATASET", "WANDB_MODE", "WANDB_API_KEY", "ASSETS_DIR",
-             "OUTPUT_DIR", "CACHE_DIR", "CHECKPOINT_DIR", "CUDA_VISIBLE_DEVICES", "HF_TOKEN", "NEURON_CC_FLAGS",
-             "VALIDATION", "SAMPLE_PROMPTS", "DPO_REFERENCE"}
+FREE_TEXT = {
+    "EXTRA_ARGS",
+    "INIT_FROM",
+    "EXPORT_DIR",
+    "DATASET",
+    "WANDB_MODE",
+    "WANDB_API_KEY",
+    "ASSETS_DIR",
+    "OUTPUT_DIR",
+    "CACHE_DIR",
+    "CHECKPOINT_DIR",
+    "CUDA_VISIBLE_DEVICES",
+    "HF_TOKEN",
+    "NEURON_CC_FLAGS",
+    "VALIDATION",
+    "SAMPLE_PROMPTS",
+    "DPO_REFERENCE",
+}
 HOSTILE = ["$(reboot)", "1;reboot", "`id`", "1\n2", "", "\x00", "../../etc/passwd", "1 --training.steps=9"]
 
 
@@ -109,10 +224,26 @@ def test_every_structured_variable_refuses_hostile_values_in_one_line(name, raw)
 
 
 def test_the_fine_tuning_knobs_parse_to_their_flag_values():
-    settings = contract.parse({"LR": "2e-5", "WARMUP_STEPS": "0.03", "LR_SCHEDULE": "sqrt", "BATCH_SIZE": "32",
-                               "SEQ_LEN": "2048", "SEED": "0", "NAN_POLICY": "warn"})
-    assert (settings.lr, settings.warmup_steps, settings.lr_schedule, settings.batch_size, settings.seq_len,
-            settings.seed, settings.nan_policy) == (2e-5, "0.03", "sqrt", 32, 2048, 0, "warn")
+    settings = contract.parse(
+        {
+            "LR": "2e-5",
+            "WARMUP_STEPS": "0.03",
+            "LR_SCHEDULE": "sqrt",
+            "BATCH_SIZE": "32",
+            "SEQ_LEN": "2048",
+            "SEED": "0",
+            "NAN_POLICY": "warn",
+        }
+    )
+    assert (
+        settings.lr,
+        settings.warmup_steps,
+        settings.lr_schedule,
+        settings.batch_size,
+        settings.seq_len,
+        settings.seed,
+        settings.nan_policy,
+    ) == (2e-5, "0.03", "sqrt", 32, 2048, 0, "warn")
     assert (contract.parse({"WARMUP_STEPS": "100"}).warmup_steps, contract.parse({"LR": ".5"}).lr) == ("100", 0.5)
     assert contract.parse({}).nan_policy == "stop"
 

@@ -43,15 +43,18 @@ def test_visible_cores_limit_the_count(tmp_path, visible, count):
     assert found.visible_cores == values.core_list(visible)
 
 
-@pytest.mark.parametrize("devices, lnc, visible, bad", [(1, "2", "4", 4), (1, "2", "0-3,9", 9), (16, "2", "64", 64),
-                                                       (16, "1", "120-128", 128)])
+@pytest.mark.parametrize(
+    "devices, lnc, visible, bad",
+    [(1, "2", "4", 4), (1, "2", "0-3,9", 9), (16, "2", "64", 64), (16, "1", "120-128", 128)],
+)
 def test_visible_core_that_does_not_exist_is_refused(tmp_path, devices, lnc, visible, bad):
     with pytest.raises(contract.UsageError, match=f"core {bad}, .* cores 0-{devices * PER_DEVICE // int(lnc) - 1}"):
         discover(tree(tmp_path, *neurons(devices)), NEURON_LOGICAL_NC_CONFIG=lnc, NEURON_RT_VISIBLE_CORES=visible)
 
 
-@pytest.mark.parametrize("names, gap", [(["neuron0", "neuron1", "neuron3"], 2), (["neuron1"], 0),
-                                        (["neuron0", "neuron10"], 1)])
+@pytest.mark.parametrize(
+    "names, gap", [(["neuron0", "neuron1", "neuron3"], 2), (["neuron1"], 0), (["neuron0", "neuron10"], 1)]
+)
 def test_device_numbering_must_be_contiguous_from_zero(tmp_path, names, gap):
     with pytest.raises(contract.UsageError, match=f"/dev/neuron{gap} is missing.*contiguous") as error:
         discover(tree(tmp_path, *names))
@@ -59,9 +62,16 @@ def test_device_numbering_must_be_contiguous_from_zero(tmp_path, names, gap):
 
 
 def listing(devices, per_device):
-    return [{"neuron_device": d, "nc_count": per_device, "logical_neuroncore_config": 2,
-             "neuroncore_ids": list(range(d * per_device, (d + 1) * per_device)), "neuron_processes": []}
-            for d in range(devices)]
+    return [
+        {
+            "neuron_device": d,
+            "nc_count": per_device,
+            "logical_neuroncore_config": 2,
+            "neuroncore_ids": list(range(d * per_device, (d + 1) * per_device)),
+            "neuron_processes": [],
+        }
+        for d in range(devices)
+    ]
 
 
 def test_neuron_ls_is_preferred_on_the_real_root():
@@ -78,12 +88,25 @@ def test_run_neuron_ls_without_the_tool(monkeypatch):
     assert discovery.run_neuron_ls() is None
 
 
-@pytest.mark.parametrize("output, expected", [
-    (json.dumps(listing(2, 4)), [{"neuron_device": 0, "nc_count": 4, "processes": []},
-                                 {"neuron_device": 1, "nc_count": 4, "processes": []}]),
-    (json.dumps([{**listing(1, 4)[0], "neuron_processes": [{"pid": 42, "command": "python", "x": 1}]}]),
-     [{"neuron_device": 0, "nc_count": 4, "processes": [(42, "python")]}]),
-    ('{"error": "no devices"}', None), ("[1]", None), ("not json", None)])
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        (
+            json.dumps(listing(2, 4)),
+            [
+                {"neuron_device": 0, "nc_count": 4, "processes": []},
+                {"neuron_device": 1, "nc_count": 4, "processes": []},
+            ],
+        ),
+        (
+            json.dumps([{**listing(1, 4)[0], "neuron_processes": [{"pid": 42, "command": "python", "x": 1}]}]),
+            [{"neuron_device": 0, "nc_count": 4, "processes": [(42, "python")]}],
+        ),
+        ('{"error": "no devices"}', None),
+        ("[1]", None),
+        ("not json", None),
+    ],
+)
 def test_neuron_ls_output(tmp_path, monkeypatch, output, expected):
     (tmp_path / "out.json").write_text(output)
     fake = tmp_path / "neuron-ls"

@@ -56,8 +56,23 @@ def alive(pid):
 
 def start(tmp_path, agent_on_term, worker_on_term):
     code = "import sys; from entrypoint.launch import run; sys.exit(run(sys.argv[2:], None, int(sys.argv[1])))"
-    launcher = subprocess.Popen([sys.executable, "-c", code, str(GRACE), sys.executable, "-c", AGENT, str(tmp_path),
-                                 agent_on_term, worker_on_term], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(GRACE),
+            sys.executable,
+            "-c",
+            AGENT,
+            str(tmp_path),
+            agent_on_term,
+            worker_on_term,
+        ],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     agent, worker = wait_for_agent(tmp_path, launcher)
     return launcher, agent, worker
 
@@ -82,10 +97,14 @@ def kill(*pids):
             pass
 
 
-@pytest.mark.parametrize("agent_on_term, worker_on_term, status, killed", [
-    ("exit", "default", 143, False),  # everything stops on SIGTERM: no kill needed; torchrun's 1 reads as a stop
-    ("exit", "ignore", 143, True),  # torchrun gone, a worker hangs on: killed at the deadline
-    ("ignore", "ignore", 143, True)])  # nothing stops: all killed at the deadline
+@pytest.mark.parametrize(
+    "agent_on_term, worker_on_term, status, killed",
+    [
+        ("exit", "default", 143, False),  # everything stops on SIGTERM: no kill needed; torchrun's 1 reads as a stop
+        ("exit", "ignore", 143, True),  # torchrun gone, a worker hangs on: killed at the deadline
+        ("ignore", "ignore", 143, True),
+    ],
+)  # nothing stops: all killed at the deadline
 def test_sigterm_stops_everything_within_the_grace(tmp_path, agent_on_term, worker_on_term, status, killed):
     launcher, agent, worker = start(tmp_path, agent_on_term, worker_on_term)
     try:
@@ -123,8 +142,12 @@ def test_a_normal_exit_returns_at_once():
 
 def pid_namespace_available():
     try:
-        return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True,
-                              timeout=20).returncode == 0
+        return (
+            subprocess.run(
+                ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=20
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -172,7 +195,7 @@ def test_the_watch_reaches_a_real_listener():
         server.bind(("127.0.0.1", 0))
         server.listen()
         done = threading.Event()
-        lost = launch.host_watch("127.0.0.1:%d" % server.getsockname()[1], 0, done)
+        lost = launch.host_watch(f"127.0.0.1:{server.getsockname()[1]}", 0, done)
         began = time.monotonic()
         while not lost() and time.monotonic() - began < 10:  # timeout 0: lost as soon as it has answered once
             time.sleep(0.01)
@@ -195,31 +218,58 @@ sys.exit(run(sys.argv[2:], None, 60, ("trn-001:29500", 1)))
 def test_a_lost_node_0_kills_everything_at_once(tmp_path):
     """No grace (no save can succeed without node 0's ranks), even for processes that ignore SIGTERM, as torchrun
     stuck in a TCPStore call does; the status is torchrun's, killed by SIGKILL."""
-    launcher = subprocess.Popen([sys.executable, "-c", LOST, str(tmp_path), sys.executable, "-c", AGENT, str(tmp_path),
-                                 "ignore", "ignore"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LOST, str(tmp_path), sys.executable, "-c", AGENT, str(tmp_path), "ignore", "ignore"],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         began = time.monotonic()
         status = launcher.wait(timeout=60)
         took = time.monotonic() - began
         stderr = launcher.stderr.read()
-        assert status == 137 and "entrypoint: the rendezvous host trn-001:29500 has not answered for 1 s " \
-            "(PEER_TIMEOUT): node 0 is lost: killing process groups" in stderr, stderr
+        assert (
+            status == 137
+            and "entrypoint: the rendezvous host trn-001:29500 has not answered for 1 s "
+            "(PEER_TIMEOUT): node 0 is lost: killing process groups"
+            in stderr
+        ), stderr
         assert took < 20, f"{took:.1f} s: the 60 s grace was waited"
         assert not alive(int((tmp_path / "worker.pid").read_text()))
     finally:
         launcher.kill()
 
 
-
 @pytest.mark.skipif(not pid_namespace_available(), reason="needs `unshare --pid` (root or user namespaces)")
 @pytest.mark.parametrize("agent_on_term, worker_on_term, status", [("done", "ignore", 0), ("exit", "default", 143)])
 def test_as_pid_1_the_child_status_survives_reaping_orphans(tmp_path, agent_on_term, worker_on_term, status):
     """In a container the launcher is PID 1: orphaned workers become its children, and it reaps them all."""
-    code = ("import os, sys; from entrypoint.launch import run; assert os.getpid() == 1; "
-            "sys.exit(run(sys.argv[2:], None, int(sys.argv[1])))")
-    launcher = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code, str(GRACE),
-                                 sys.executable, "-c", AGENT, str(tmp_path), agent_on_term, worker_on_term],
-                                cwd=REPO, stderr=subprocess.PIPE, text=True)
+    code = (
+        "import os, sys; from entrypoint.launch import run; assert os.getpid() == 1; "
+        "sys.exit(run(sys.argv[2:], None, int(sys.argv[1])))"
+    )
+    launcher = subprocess.Popen(
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            sys.executable,
+            "-c",
+            code,
+            str(GRACE),
+            sys.executable,
+            "-c",
+            AGENT,
+            str(tmp_path),
+            agent_on_term,
+            worker_on_term,
+        ],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pid_1 = None
     try:
         wait_for_agent(tmp_path, launcher)
@@ -258,8 +308,12 @@ while True:
 
 def test_sigusr1_and_sigusr2_are_not_forwarded(tmp_path):
     code = "import sys; from entrypoint.launch import run; sys.exit(run(sys.argv[1:], None, 5))"
-    launcher = subprocess.Popen([sys.executable, "-c", code, sys.executable, "-c", RECORDER, str(tmp_path)],
-                                cwd=REPO, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code, sys.executable, "-c", RECORDER, str(tmp_path)],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not (tmp_path / "ready").exists():

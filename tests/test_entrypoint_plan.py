@@ -12,12 +12,27 @@ from entrypoint import contract, plan
 from entrypoint.discovery import Devices
 from entrypoint.variants import RECIPE_MODULE, SCALES, VARIANTS
 
-DEVICES = {"neuron": Devices("neuron", 64, tuple(f"neuron{i}" for i in range(16)), 2),
-           "cuda": Devices("cuda", 8, tuple(f"nvidia{i}" for i in range(8))),
-           "cpu": Devices("cpu", os.cpu_count())}
-ARTICLE = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
-           f"--shutdown-timeout={contract.parse({}).stop_grace}", f"--log-dir={os.path.abspath('outputs/torchrun')}",
-           "--local-ranks-filter", "0", "--role", "rank", "--tee", "3"]
+DEVICES = {
+    "neuron": Devices("neuron", 64, tuple(f"neuron{i}" for i in range(16)), 2),
+    "cuda": Devices("cuda", 8, tuple(f"nvidia{i}" for i in range(8))),
+    "cpu": Devices("cpu", os.cpu_count()),
+}
+ARTICLE = [
+    "--rdzv_backend",
+    "c10d",
+    "--rdzv_endpoint",
+    "127.0.0.1:0",
+    "--local-addr",
+    "127.0.0.1",
+    f"--shutdown-timeout={contract.parse({}).stop_grace}",
+    f"--log-dir={os.path.abspath('outputs/torchrun')}",
+    "--local-ranks-filter",
+    "0",
+    "--role",
+    "rank",
+    "--tee",
+    "3",
+]
 
 
 def build(kind, environ=None, **env):
@@ -41,9 +56,16 @@ def test_article_launch_for_every_platform_variant_and_scale(kind, variant, scal
     nproc = 1 if kind == "cpu" else DEVICES[kind].count
     config = variant.configs["bench_cpu" if (kind, scale) == ("cpu", "bench") else scale]
     n = 6 + len(ARTICLE)
-    assert list(p.argv[:n]) == [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *ARTICLE,
-                                "-m", "torchtitan.train"]  # the article's worker on every device
-    assert p.argv[n:n + 5] == ("--module", RECIPE_MODULE, "--config", config, f"--device={kind}")
+    assert list(p.argv[:n]) == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        *ARTICLE,
+        "-m",
+        "torchtitan.train",
+    ]  # the article's worker on every device
+    assert p.argv[n : n + 5] == ("--module", RECIPE_MODULE, "--config", config, f"--device={kind}")
     assert p.worker_args == p.argv[n:]
     assert (p.variant, p.scale, p.module, p.config, p.nproc) == (variant.name, scale, RECIPE_MODULE, config, nproc)
     assert after(p.argv, "--dump_folder") == os.path.abspath("outputs")
@@ -73,13 +95,22 @@ def test_environment_on_each_platform():
     """Only what the workers' runtimes read: every setting of the run itself is a flag."""
     cache = os.path.abspath("./cache/native")  # one folder per variant
     neuron = build("neuron", NEURON_RT_VISIBLE_CORES="0-63").env
-    assert neuron == {"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "NEURON_LOGICAL_NC_CONFIG": "2",
-                      "NEURON_RT_VISIBLE_CORES": "0-63",
-                      "TORCH_NEURONX_NEFF_CACHE_DIR": f"{cache}/neff", "TORCH_NEURONX_HLO_CACHE_DIR": f"{cache}/hlo",
-                      "NKI_COMPILE_CACHE_URL": f"{cache}/nki"}
+    assert neuron == {
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONFAULTHANDLER": "1",
+        "NEURON_LOGICAL_NC_CONFIG": "2",
+        "NEURON_RT_VISIBLE_CORES": "0-63",
+        "TORCH_NEURONX_NEFF_CACHE_DIR": f"{cache}/neff",
+        "TORCH_NEURONX_HLO_CACHE_DIR": f"{cache}/hlo",
+        "NKI_COMPILE_CACHE_URL": f"{cache}/nki",
+    }
     assert build("cuda", CACHE_DIR="/c", VARIANT="v5", SCALE="smoke").env == {
-        "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-        "TORCHINDUCTOR_CACHE_DIR": "/c/v5/inductor"}
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONFAULTHANDLER": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TORCHINDUCTOR_CACHE_DIR": "/c/v5/inductor",
+    }
     assert build("cpu", NPROC="1").env["OMP_NUM_THREADS"] == str(os.cpu_count())
 
 
@@ -148,12 +179,34 @@ def test_every_variable_set_reaches_the_workers_as_its_flag(tmp_path):
     """The contract's flag column is what the plan does: each variable's flag(s) in the workers' arguments."""
     data = tmp_path / "d.jsonl"
     data.write_text("{}")
-    environ = {"STEPS": "3", "COMPILE": "1", "MODEL": "Qwen/Qwen3-8B", "INIT_FROM": "/w", "EXPORT_DIR": "e",
-               "EXPORT_DTYPE": "float32", "EXPORT_MAX_SHARD_MB": "500", "DATASET": str(data), "DATASET_FIELD": "t", "WANDB_MODE": "offline",
-               "WANDB_API_KEY": "k", "ASSETS_DIR": "/a", "OUTPUT_DIR": "/o", "CHECKPOINT_DIR": "/c",
-               "NEURON_LOGICAL_NC_CONFIG": "1", "NEURON_QWEN3_MOE_KERNEL": "reference", "CHECKPOINT_INTERVAL": "5",
-               "CHECKPOINT_KEEP": "2", "DEVICE": "neuron", "LR": "2e-5", "WARMUP_STEPS": "0.03",
-               "LR_SCHEDULE": "cosine", "BATCH_SIZE": "64", "SEQ_LEN": "1024", "SEED": "7", "NAN_POLICY": "warn"}
+    environ = {
+        "STEPS": "3",
+        "COMPILE": "1",
+        "MODEL": "Qwen/Qwen3-8B",
+        "INIT_FROM": "/w",
+        "EXPORT_DIR": "e",
+        "EXPORT_DTYPE": "float32",
+        "EXPORT_MAX_SHARD_MB": "500",
+        "DATASET": str(data),
+        "DATASET_FIELD": "t",
+        "WANDB_MODE": "offline",
+        "WANDB_API_KEY": "k",
+        "ASSETS_DIR": "/a",
+        "OUTPUT_DIR": "/o",
+        "CHECKPOINT_DIR": "/c",
+        "NEURON_LOGICAL_NC_CONFIG": "1",
+        "NEURON_QWEN3_MOE_KERNEL": "reference",
+        "CHECKPOINT_INTERVAL": "5",
+        "CHECKPOINT_KEEP": "2",
+        "DEVICE": "neuron",
+        "LR": "2e-5",
+        "WARMUP_STEPS": "0.03",
+        "LR_SCHEDULE": "cosine",
+        "BATCH_SIZE": "64",
+        "SEQ_LEN": "1024",
+        "SEED": "7",
+        "NAN_POLICY": "warn",
+    }
     args = build("neuron", environ).worker_args
     for var in contract.VARS:
         if var.name in environ and var.flag.startswith("--"):
@@ -162,18 +215,41 @@ def test_every_variable_set_reaches_the_workers_as_its_flag(tmp_path):
     assert after(args, "--config") == "native_qwen3_8b" and after(args, "--report.model") == "Qwen/Qwen3-8B"
     assert after(args, "--export.dir") == os.path.abspath("e") and after(args, "--dataloader.source") == str(data)
     assert after(args, "--neuron.logical_nc_config") == "1" and after(args, "--training.steps") == "3"
-    assert [after(args, flag) for flag in ("--tune.lr", "--tune.warmup", "--lr_scheduler.decay_type",
-                                           "--training.global_batch_size", "--training.seq_len", "--debug.seed",
-                                           "--divergence.policy")] == ["2e-05", "0.03", "cosine", "64", "1024", "7",
-                                                                       "warn"]
+    assert [
+        after(args, flag)
+        for flag in (
+            "--tune.lr",
+            "--tune.warmup",
+            "--lr_scheduler.decay_type",
+            "--training.global_batch_size",
+            "--training.seq_len",
+            "--debug.seed",
+            "--divergence.policy",
+        )
+    ] == ["2e-05", "0.03", "cosine", "64", "1024", "7", "warn"]
     assert after(args, "--export.max_shard_mb") == "500"
 
 
 def test_defaults_are_the_configs_own_and_a_hub_dataset_stays_an_id():
     args = build("cpu", SCALE="smoke").worker_args
-    assert not [arg for arg in args if arg.startswith(("--training.steps", "--export", "--dataloader", "--neuron",
-                                                       "--tune", "--lr_scheduler", "--training.global_batch_size",
-                                                       "--training.seq_len", "--debug", "--divergence"))]
+    assert not [
+        arg
+        for arg in args
+        if arg.startswith(
+            (
+                "--training.steps",
+                "--export",
+                "--dataloader",
+                "--neuron",
+                "--tune",
+                "--lr_scheduler",
+                "--training.global_batch_size",
+                "--training.seq_len",
+                "--debug",
+                "--divergence",
+            )
+        )
+    ]
     assert after(build("cpu", DATASET="allenai/c4").worker_args, "--dataloader.source") == "allenai/c4"
 
 

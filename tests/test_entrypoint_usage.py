@@ -22,8 +22,14 @@ def build(environ, cli_args=(), devices=CPU):
 
 
 def entrypoint(*args, cwd=REPO, root="/", **env):
-    return subprocess.run(launcher_at(root, *args), cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env={"PATH": os.environ["PATH"], **env})
+    return subprocess.run(
+        launcher_at(root, *args),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": os.environ["PATH"], **env},
+    )
 
 
 def test_other_arguments_go_to_torchtitan_after_extra_args():
@@ -34,15 +40,23 @@ def test_other_arguments_go_to_torchtitan_after_extra_args():
     assert '"steps": 5' in result.stdout  # and the config that will run says so
 
 
-@pytest.mark.parametrize("words, variable", [
-    (["--checkpoint.folder", "/x"], "CHECKPOINT_DIR"), (["--checkpoint.folder=/x"], "CHECKPOINT_DIR"),
-    (["--dump_folder", "/o"], "OUTPUT_DIR"), (["--dump-folder", "/o"], "OUTPUT_DIR"),
-    (["--checkpoint.keep_latest_k", "1"], "CHECKPOINT_KEEP"), (["--config", "x"], "CONFIG"),
-    (["--module=x"], "MODULE")])
+@pytest.mark.parametrize(
+    "words, variable",
+    [
+        (["--checkpoint.folder", "/x"], "CHECKPOINT_DIR"),
+        (["--checkpoint.folder=/x"], "CHECKPOINT_DIR"),
+        (["--dump_folder", "/o"], "OUTPUT_DIR"),
+        (["--dump-folder", "/o"], "OUTPUT_DIR"),
+        (["--checkpoint.keep_latest_k", "1"], "CHECKPOINT_KEEP"),
+        (["--config", "x"], "CONFIG"),
+        (["--module=x"], "MODULE"),
+    ],
+)
 def test_flags_the_launcher_owns_are_refused_from_either_source(words, variable):
     flag = words[0].split("=")[0].lstrip("-").replace("-", "_")
-    with pytest.raises(contract.UsageError, match=f"the command line sets --{flag}, which the launcher owns: use "
-                                                  f"{variable}"):
+    with pytest.raises(
+        contract.UsageError, match=f"the command line sets --{flag}, which the launcher owns: use {variable}"
+    ):
         build({"SCALE": "smoke"}, words)
     with pytest.raises(contract.UsageError, match=f"EXTRA_ARGS sets --{flag}, which the launcher owns: use {variable}"):
         build({"SCALE": "smoke", "EXTRA_ARGS": " ".join(words)})
@@ -54,9 +68,20 @@ def test_a_near_miss_or_another_launchers_variable_is_one_warning_each():
     assert result.stderr.splitlines() == [
         "entrypoint: warning: NGPU is not read by this launcher: use NPROC (processes per node; default: every core or "
         "GPU found)",
-        "entrypoint: warning: VARAINT is not read by this launcher: did you mean VARIANT?"]
-    assert contract.stray_names({"SLURM_JOBID": "1", "NVIDIA_VISIBLE_DEVICES": "all", "HOME": "/", "VARIANT": "v5",
-                                 "NEURON_QWEN3_HOME": "/src"}) == []
+        "entrypoint: warning: VARAINT is not read by this launcher: did you mean VARIANT?",
+    ]
+    assert (
+        contract.stray_names(
+            {
+                "SLURM_JOBID": "1",
+                "NVIDIA_VISIBLE_DEVICES": "all",
+                "HOME": "/",
+                "VARIANT": "v5",
+                "NEURON_QWEN3_HOME": "/src",
+            }
+        )
+        == []
+    )
 
 
 def test_log_rank_picks_whose_output_shows():
@@ -78,7 +103,9 @@ def test_device_cpu_runs_the_cpu_path_on_a_neuron_host(tmp_path):
     assert '"--device=cpu"' in cpu.stdout and '"device": "cpu"' in cpu.stdout
     missing = entrypoint("--dry-run", root=tmp_path / "empty", SCALE="smoke", DEVICE="cuda")
     assert (missing.returncode, missing.stderr) == (
-        2, "entrypoint: DEVICE=cuda but no cuda device is visible here (allowed: auto, neuron, cuda, cpu)\n")
+        2,
+        "entrypoint: DEVICE=cuda but no cuda device is visible here (allowed: auto, neuron, cuda, cpu)\n",
+    )
 
 
 def test_full_scale_is_refused_on_cpu_unless_asked_for(tmp_path):
@@ -114,14 +141,17 @@ def test_a_wrong_torchtitan_flag_is_one_line_naming_the_nearest_before_anything_
     result = entrypoint("--check", "--optimizer.lr", "2e-5", cwd=work, root=tmp_path, SCALE="smoke")
     assert result.returncode == 2 and result.stderr.splitlines() == [
         "entrypoint: torchtitan arguments: Unrecognized options: --optimizer.lr, 2e-5 (nearest: "
-        "--optimizer.param-groups.0.optimizer-kwargs.lr)"], result.stderr
+        "--optimizer.param-groups.0.optimizer-kwargs.lr)"
+    ], result.stderr
     # a launch, and `--flag=value`, which tyro matches whole: the nearest come from the split
     result = entrypoint(cwd=work, root=tmp_path, SCALE="smoke", EXTRA_ARGS="--optimizer.lr=1")
     assert result.returncode == 2 and result.stderr.splitlines() == [
         "entrypoint: torchtitan arguments: Unrecognized options: --optimizer.lr=1 (nearest: "
-        "--optimizer.param-groups.0.optimizer-kwargs.lr)"], result.stderr
+        "--optimizer.param-groups.0.optimizer-kwargs.lr)"
+    ], result.stderr
     assert "torch.distributed.run" not in result.stdout
     bad_value = entrypoint("--check", "--training.steps", "ten", cwd=work, root=tmp_path, SCALE="smoke")
     assert bad_value.returncode == 2 and bad_value.stderr.splitlines() == [
         "entrypoint: torchtitan arguments: Error parsing --training.steps: invalid literal for int() with base 10: "
-        "'ten'"]
+        "'ten'"
+    ]

@@ -21,8 +21,15 @@ MARK = re.compile(r"ok (\d+)\.")  # in the trained answer: a piece of a split re
 
 def conversations(count):
     """Conversations of different lengths, each naming its record in its trained answer."""
-    return [{"messages": [{"role": "user", "content": f"item {i}? " + "more " * (i % 7) * 4},
-                          {"role": "assistant", "content": f"ok {i}."}]} for i in range(count)]
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": f"item {i}? " + "more " * (i % 7) * 4},
+                {"role": "assistant", "content": f"ok {i}."},
+            ]
+        }
+        for i in range(count)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +57,14 @@ def windows(config, rank, world):
     from neuron_qwen3.data import DataLoader
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=config.hf_assets_path)
-    loader = DataLoader(config.dataloader, dp_world_size=world, dp_rank=rank, tokenizer=tokenizer,
-                        seq_len=config.training.seq_len, local_batch_size=config.training.local_batch_size)
+    loader = DataLoader(
+        config.dataloader,
+        dp_world_size=world,
+        dp_rank=rank,
+        tokenizer=tokenizer,
+        seq_len=config.training.seq_len,
+        local_batch_size=config.training.local_batch_size,
+    )
     found = []
     for inputs, labels in loader.dataset:
         if loader.dataset.reader.epoch >= EPOCHS and (labels == IGNORE_INDEX).all():
@@ -94,16 +107,24 @@ def test_every_record_is_trained_on_n_times_and_the_held_out_never(chat):
 def test_each_epoch_has_its_own_order(chat):
     config = loader_config(chat)
     config.training.seq_len = 4096  # every record in one window: the order is the window's
-    order = [MARK.findall(windows(config, 0, 1)[0].decode(inputs["input"].tolist()))
-             for inputs, _ in windows(config, 0, 1)[1]]
+    order = [
+        MARK.findall(windows(config, 0, 1)[0].decode(inputs["input"].tolist()))
+        for inputs, _ in windows(config, 0, 1)[1]
+    ]
     assert len(order) == EPOCHS and all(sorted(o) == sorted(order[0]) for o in order)
     assert len({tuple(o) for o in order}) == EPOCHS
 
 
 def dry_run(**env):
     env = worker_env(VARIANT="native", SCALE="smoke", PATH="/usr/bin:/bin", **env)
-    return subprocess.run([sys.executable, "-m", "entrypoint", "--dry-run"], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint", "--dry-run"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_dry_run_prints_the_steps_the_workers_derive(chat):
@@ -130,8 +151,9 @@ def test_a_fine_tunes_warm_up_is_a_fraction_of_the_epochs_steps(chat, tmp_path):
     (tmp_path / "config.json").write_bytes((config_registry.HF_MODEL["smoke"] / "config.json").read_bytes())
     save_file({"w": torch.zeros(8)}, str(tmp_path / "model.safetensors"))
     many = 20  # epochs: enough steps that 8 % of them is not 8 % of the config's ten
-    result = dry_run(DATASET=chat, DATASET_FIELD="messages", EPOCHS=str(many), NPROC=str(RANKS),
-                     INIT_FROM=str(tmp_path))
+    result = dry_run(
+        DATASET=chat, DATASET_FIELD="messages", EPOCHS=str(many), NPROC=str(RANKS), INIT_FROM=str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     config = loader_config(chat)
     config.dataloader.epochs = many
@@ -147,7 +169,8 @@ def test_a_fine_tunes_warm_up_is_a_fraction_of_the_epochs_steps(chat, tmp_path):
 def test_steps_and_epochs_together_is_one_line(chat, tmp_path):
     answer = recipes_pass(tmp_path, DATASET=chat, DATASET_FIELD="messages", EPOCHS="2", STEPS="5")
     assert answer["problems"] == [
-        "STEPS and EPOCHS are both set: EPOCHS derives the steps from the data; give one of them"]
+        "STEPS and EPOCHS are both set: EPOCHS derives the steps from the data; give one of them"
+    ]
 
 
 def test_epochs_of_a_streamed_dataset_is_one_line(tmp_path):
@@ -158,7 +181,8 @@ def test_epochs_of_a_streamed_dataset_is_one_line(tmp_path):
 def test_bad_validation_file_is_one_line(chat, tmp_path):
     answer = recipes_pass(tmp_path, DATASET=chat, DATASET_FIELD="messages", VALIDATION=str(tmp_path / "absent.jsonl"))
     assert answer["problems"] == [
-        f"VALIDATION='{tmp_path / 'absent.jsonl'}': no such file or folder (nor a fraction like 0.05)"]
+        f"VALIDATION='{tmp_path / 'absent.jsonl'}': no such file or folder (nor a fraction like 0.05)"
+    ]
 
 
 def test_fraction_held_out_is_seeded_and_split_by_record():

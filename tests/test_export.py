@@ -150,8 +150,11 @@ def test_a_failed_write_leaves_no_folder_and_keeps_the_earlier_export(tmp_path, 
     monkeypatch.setattr(write, "pwrite_all", fail_the_fifth)
     with torch.no_grad():
         run.model_parts[0].norm.weight.fill_(2.0)  # a changed model: a half-done export would show it
-    with pytest.raises(weights.ExportError, match=rf"^the export to {target} failed, nothing was written there: "
-                                                  r"rank 0: OSError: \[Errno 28\] No space left on device$"):
+    with pytest.raises(
+        weights.ExportError,
+        match=rf"^the export to {target} failed, nothing was written there: "
+        r"rank 0: OSError: \[Errno 28\] No space left on device$",
+    ):
         weights.export(run)
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no .partial- or .old- folder
     assert {f: (target / f).read_bytes() for f in os.listdir(target)} == before

@@ -56,10 +56,19 @@ def runs(tmp):
     pq.write_table(pa.Table.from_pylist(rows), f"{tmp}/own.parquet")
 
     def launch(name, **env):
-        env = worker_env(VARIANT="native", SCALE="smoke", OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache",
-                         EXPORT_DIR=f"{tmp}/{name}", EXPORT_DTYPE="float32", DATASET_FIELD="body", **env)
-        return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
-                              text=True, timeout=900)
+        env = worker_env(
+            VARIANT="native",
+            SCALE="smoke",
+            OUTPUT_DIR=f"{tmp}/{name}-out",
+            CACHE_DIR=f"{tmp}/cache",
+            EXPORT_DIR=f"{tmp}/{name}",
+            EXPORT_DTYPE="float32",
+            DATASET_FIELD="body",
+            **env,
+        )
+        return subprocess.run(
+            [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+        )
 
     a = launch("a", INIT_FROM=source, STEPS="8", DATASET=f"{tmp}/own.jsonl", LR="8e-4")
     b = launch("b", INIT_FROM=f"{tmp}/a", STEPS="2", DATASET=f"{tmp}/own.parquet", EXTRA_ARGS=ZERO_LR)

@@ -52,13 +52,19 @@ def conversations(count):
             messages += [{"role": "user", "content": f"{a}+{b}?"}, {"role": "assistant", "content": f"{c}."}]
         elif i % 3 == 1:
             call = {"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}
-            messages = [{"role": "user", "content": f"{a}+{b}?"}, {"role": "assistant", "content": None,
-                                                                   "tool_calls": [call]},
-                        {"role": "tool", "content": str(c)}, {"role": "assistant", "content": f"{c}."}]
+            messages = [
+                {"role": "user", "content": f"{a}+{b}?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "content": str(c)},
+                {"role": "assistant", "content": f"{c}."},
+            ]
         else:
-            messages = [{"role": "user", "content": f"{a}+{b}?"}, {"role": "assistant", "content": f"{c}."},
-                        {"role": "user", "content": f"{b}+{a}?"},
-                        {"role": "assistant", "content": f"{c}.", "reasoning_content": "Same sum."}]
+            messages = [
+                {"role": "user", "content": f"{a}+{b}?"},
+                {"role": "assistant", "content": f"{c}."},
+                {"role": "user", "content": f"{b}+{a}?"},
+                {"role": "assistant", "content": f"{c}.", "reasoning_content": "Same sum."},
+            ]
         rows.append({"messages": messages})
     return rows
 
@@ -82,8 +88,9 @@ def save_dense(folder):
 
 def launch(tmp, name, **env):
     env = worker_env(SCALE="smoke", OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache", **env)
-    return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+    )
 
 
 @functools.cache
@@ -96,13 +103,27 @@ def run(tmp, name):
     """One launcher run, each at most once per session: native and v5 from one model, sft on 2 processes."""
     source, chat = source_and_data(tmp)
     if name == "sft":
-        prompts = write_jsonl(f"{tmp}/prompts.jsonl", [{"messages": [{"role": "user", "content": question}],
-                                                         "enable_thinking": False} for question in QUESTIONS])
-        return launch(tmp, name, VARIANT="native", DATASET=chat, DATASET_FIELD="messages", STEPS="40", NPROC="2",
-                      LR="3e-3", EXPORT_DIR=f"{tmp}/export", EXPORT_DTYPE="float32", SAMPLE_PROMPTS=prompts,
-                      SAMPLE_TOKENS="16")
-    return launch(tmp, name, VARIANT=name, INIT_FROM=source, DATASET=chat, DATASET_FIELD="messages", STEPS="5",
-                  EXTRA_ARGS=FP32)
+        prompts = write_jsonl(
+            f"{tmp}/prompts.jsonl",
+            [{"messages": [{"role": "user", "content": question}], "enable_thinking": False} for question in QUESTIONS],
+        )
+        return launch(
+            tmp,
+            name,
+            VARIANT="native",
+            DATASET=chat,
+            DATASET_FIELD="messages",
+            STEPS="40",
+            NPROC="2",
+            LR="3e-3",
+            EXPORT_DIR=f"{tmp}/export",
+            EXPORT_DTYPE="float32",
+            SAMPLE_PROMPTS=prompts,
+            SAMPLE_TOKENS="16",
+        )
+    return launch(
+        tmp, name, VARIANT=name, INIT_FROM=source, DATASET=chat, DATASET_FIELD="messages", STEPS="5", EXTRA_ARGS=FP32
+    )
 
 
 @pytest.fixture(scope="module")
@@ -156,11 +177,12 @@ def test_sft_on_two_processes_answers_in_the_template(tmp):
     end_of_turn = tokenizer.convert_tokens_to_ids(IM_END)
     assert end_of_turn in model.generation_config.eos_token_id
     for question in QUESTIONS:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                               enable_thinking=False, tokenize=False)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, enable_thinking=False, tokenize=False
+        )
         assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
         ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
-        answer = model.generate(**ids, max_new_tokens=16, do_sample=False)[0, ids["input_ids"].shape[1]:].tolist()
+        answer = model.generate(**ids, max_new_tokens=16, do_sample=False)[0, ids["input_ids"].shape[1] :].tolist()
         assert answer[-1] == end_of_turn and end_of_turn not in answer[:-1], tokenizer.decode(answer)
         assert re.fullmatch(r"\d+\.", tokenizer.decode(answer[:-1])), tokenizer.decode(answer)
 
@@ -181,9 +203,19 @@ def test_the_samples_learn_to_end_the_turn(tmp):
 
 
 # A tool turn without a call: (third line, DATASET_FIELD, what the worker's line says after "<file>:3: ")
-BAD = (json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"},
-                                {"role": "assistant", "content": "c"}]}), "messages",
-       "message 2: a tool result without a preceding assistant tool call")
+BAD = (
+    json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "tool", "content": "b"},
+                {"role": "assistant", "content": "c"},
+            ]
+        }
+    ),
+    "messages",
+    "message 2: a tool result without a preceding assistant tool call",
+)
 
 
 # Every kind's line (a text record, a conversation, a file, a folder), from the pre-launch scan and from a worker's
@@ -199,8 +231,9 @@ def test_a_bad_record_stops_the_worker_with_its_line(tmp_path):
     before = launch(tmp_path, "check", VARIANT="native", DATASET=str(dataset), DATASET_FIELD=field, STEPS="2")
     assert before.returncode == 2 and "torch.distributed.run" not in before.stdout, before.stdout + before.stderr
     assert f"entrypoint: DATASET: {line}" in before.stderr.splitlines(), before.stderr
-    result = launch(tmp_path, "bad", VARIANT="native", DATASET=str(dataset), DATASET_FIELD=field, STEPS="2",
-                    PREFLIGHT="warn")
+    result = launch(
+        tmp_path, "bad", VARIANT="native", DATASET=str(dataset), DATASET_FIELD=field, STEPS="2", PREFLIGHT="warn"
+    )
     output = ANSI.sub("", result.stdout + result.stderr)
     assert result.returncode != 0
     worker = [text for text in output.splitlines() if text.startswith("[rank0]:") and text.endswith(line)]

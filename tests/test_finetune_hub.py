@@ -39,8 +39,13 @@ def test_missing_weights_count_only_when_asked(tmp_path):
 
 def test_fetch_with_weights_gets_every_shard_and_never_prints_the_token(hub, tmp_path):
     dest = tmp_path / "Qwen3-0.6B"
-    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.hf.fetch", MODEL, str(dest), "--weights"],
-                            env=hub, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "neuron_qwen3.hf.fetch", MODEL, str(dest), "--weights"],
+        env=hub,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert TOKEN not in result.stdout + result.stderr and "100%" in result.stderr  # progress passes through
     assert assets.missing(dest, weights=True) == []
@@ -91,9 +96,13 @@ def test_too_little_disk_for_the_weights_stops_before_the_download(hub, tmp_path
     shard = int(shutil.disk_usage(tmp_path).free * 0.6)  # two shards do not fit, one does
 
     def fetch():
-        return subprocess.run([sys.executable, "-m", "neuron_qwen3.hf.fetch", MODEL, str(dest), "--weights"],
-                              env={**hub, "FAKE_HUB_SHARD_BYTES": str(shard)}, capture_output=True, text=True,
-                              timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "neuron_qwen3.hf.fetch", MODEL, str(dest), "--weights"],
+            env={**hub, "FAKE_HUB_SHARD_BYTES": str(shard)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     result = fetch()
     assert result.returncode == 2 and asked(tmp_path) == []

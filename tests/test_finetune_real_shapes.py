@@ -31,22 +31,66 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 ZERO_LR = "--tune.lr 0"  # the weights stay: a round trip
 SHORT = "--training.seq_len 64 --metrics.log_freq 1"
 # Qwen/Qwen3-0.6B's config.json on the Hub; Qwen/Qwen3-30B-A3B's with 2 layers of 8 experts, top 2
-DENSE = {"architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-         "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
-         "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960,
-         "max_window_layers": 28, "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28,
-         "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
-         "sliding_window": None, "tie_word_embeddings": True, "use_cache": True, "use_sliding_window": False,
-         "vocab_size": 151936}
-MOE = {"architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-       "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
-       "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
-       "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
-       "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 8,
-       "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_key_value_heads": 4, "output_router_logits": False,
-       "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
-       "sliding_window": None, "tie_word_embeddings": False, "use_cache": True, "use_sliding_window": False,
-       "vocab_size": 151936}
+DENSE = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 28,
+    "model_type": "qwen3",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+MOE = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 48,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 4,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
 
 
 MAKE = """
@@ -76,10 +120,23 @@ def corpus(path):
 
 
 def launch(tmp, name, **env):
-    env = worker_env(OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache", EXPORT_DIR=f"{tmp}/{name}",
-                     DATASET=corpus(f"{tmp}/{name}.jsonl"), STEPS="2", SCALE="full", **env)
-    return subprocess.run([sys.executable, "-m", "entrypoint", *SHORT.split(), *ZERO_LR.split()], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=1200)
+    env = worker_env(
+        OUTPUT_DIR=f"{tmp}/{name}-out",
+        CACHE_DIR=f"{tmp}/cache",
+        EXPORT_DIR=f"{tmp}/{name}",
+        DATASET=corpus(f"{tmp}/{name}.jsonl"),
+        STEPS="2",
+        SCALE="full",
+        **env,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint", *SHORT.split(), *ZERO_LR.split()],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
 
 
 @functools.cache
@@ -88,11 +145,32 @@ def runs(tmp):
     moe = save_source(f"{tmp}/moe-source", MOE)
     tests_on_path = os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), TESTS)))
     return {
-        "dense": (dense, f"{tmp}/dense", launch(tmp, "dense", VARIANT="native", MODEL="Qwen/Qwen3-0.6B",
-                                                INIT_FROM=dense, ASSETS_DIR=f"{tmp}/assets",
-                                                EXPORT_MAX_SHARD_MB="500")),
-        "moe": (moe, f"{tmp}/moe", launch(tmp, "moe", VARIANT="nki_moe", MODULE="real_width_recipes",
-                                          CONFIG="nki_moe_real_width", INIT_FROM=moe, PYTHONPATH=tests_on_path)),
+        "dense": (
+            dense,
+            f"{tmp}/dense",
+            launch(
+                tmp,
+                "dense",
+                VARIANT="native",
+                MODEL="Qwen/Qwen3-0.6B",
+                INIT_FROM=dense,
+                ASSETS_DIR=f"{tmp}/assets",
+                EXPORT_MAX_SHARD_MB="500",
+            ),
+        ),
+        "moe": (
+            moe,
+            f"{tmp}/moe",
+            launch(
+                tmp,
+                "moe",
+                VARIANT="nki_moe",
+                MODULE="real_width_recipes",
+                CONFIG="nki_moe_real_width",
+                INIT_FROM=moe,
+                PYTHONPATH=tests_on_path,
+            ),
+        ),
     }
 
 
@@ -116,7 +194,11 @@ def test_summary_names_the_variant_and_scale_of_a_model_run(done):
     _, export, _ = done["dense"]
     summary = json.loads(open(f"{export}-out/report/summary.json").read())
     assert (summary["variant"], summary["scale"], summary["config"], summary["model"]) == (
-        "native", "full", "native_qwen3_0_6b", "Qwen/Qwen3-0.6B")
+        "native",
+        "full",
+        "native_qwen3_0_6b",
+        "Qwen/Qwen3-0.6B",
+    )
 
 
 def test_the_export_is_in_the_hubs_sharded_layout(done):
@@ -153,8 +235,9 @@ def test_served_by_transformers_with_the_tokenizer_and_chat_template(done, name)
     for file in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert open(f"{folder}/{file}", "rb").read() == open(f"{source}/{file}", "rb").read(), file
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "The quiet cat"}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "The quiet cat"}], tokenize=False, add_generation_prompt=True
+    )
     assert text.startswith("<|im_start|>user\n") and text.endswith("<|im_start|>assistant\n")
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     assert [type(model).__name__] == (DENSE if name == "dense" else MOE)["architectures"]

@@ -188,8 +188,9 @@ def test_an_adapter_that_drops_expert_keys_is_caught(monkeypatch):
     weights.check_coverage(trainer)  # the real adapter covers every weight
     adapter = type(config.model_spec.state_dict_adapter(config.model_spec.model, None))
     real = adapter.to_hf
-    monkeypatch.setattr(adapter, "to_hf", lambda self, sd: {k: v for k, v in real(self, sd).items()
-                                                             if ".experts." not in k})
+    monkeypatch.setattr(
+        adapter, "to_hf", lambda self, sd: {k: v for k, v in real(self, sd).items() if ".experts." not in k}
+    )
     with pytest.raises(weights.CoverageError, match=r"no Hugging Face key for \d+ weights \(first: .*experts"):
         weights.check_coverage(trainer)
 
@@ -203,13 +204,22 @@ def runs(tmp):
     save_dense(f"{tmp}/dense-source")
 
     def launch(name, **env):
-        env = worker_env(SCALE="smoke", OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache",
-                         EXPORT_DIR=f"{tmp}/{name}", EXPORT_DTYPE="float32", **env)
-        return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
-                              text=True, timeout=900)
+        env = worker_env(
+            SCALE="smoke",
+            OUTPUT_DIR=f"{tmp}/{name}-out",
+            CACHE_DIR=f"{tmp}/cache",
+            EXPORT_DIR=f"{tmp}/{name}",
+            EXPORT_DTYPE="float32",
+            **env,
+        )
+        return subprocess.run(
+            [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+        )
 
-    runs = {"moe": dict(VARIANT="nki_moe", INIT_FROM=f"{tmp}/moe-source", STEPS="2", NPROC="2", EXTRA_ARGS=ZERO_LR),
-            "v5": dict(VARIANT="v5", INIT_FROM=f"{tmp}/dense-source", STEPS="2", EXTRA_ARGS=ZERO_LR)}
+    runs = {
+        "moe": dict(VARIANT="nki_moe", INIT_FROM=f"{tmp}/moe-source", STEPS="2", NPROC="2", EXTRA_ARGS=ZERO_LR),
+        "v5": dict(VARIANT="v5", INIT_FROM=f"{tmp}/dense-source", STEPS="2", EXTRA_ARGS=ZERO_LR),
+    }
     with ThreadPoolExecutor(2) as pool:  # independent launches, mostly imports on one core
         return {"tmp": tmp, **dict(zip(runs, pool.map(lambda name: launch(name, **runs[name]), runs)))}
 
@@ -254,7 +264,9 @@ def test_two_ranks_export_one_consolidated_folder(done):
         "assert type(served).__name__ == 'Qwen3MoeForCausalLM', type(served)\n"
         "assert served.config.num_experts == source.config.num_experts\n"
         "with torch.no_grad():\n"
-        "    print('same logits' if torch.equal(served(tokens).logits, source(tokens).logits) else 'different')\n")
-    result = subprocess.run([sys.executable, "-c", serve, f"{tmp}/moe", f"{tmp}/moe-source"], capture_output=True,
-                            text=True, timeout=300)
+        "    print('same logits' if torch.equal(served(tokens).logits, source(tokens).logits) else 'different')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", serve, f"{tmp}/moe", f"{tmp}/moe-source"], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0 and result.stdout.strip() == "same logits", result.stdout + result.stderr[-2000:]

@@ -30,8 +30,9 @@ def flat(config: dict) -> dict:
 
 def launcher(tmp, name, *args, **env):
     env = worker_env(SCALE="smoke", OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache", **env)
-    return subprocess.run([sys.executable, "-m", "entrypoint", *args], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+    )
 
 
 @functools.cache
@@ -52,8 +53,12 @@ def runs(tmp):
 
     # two variants at a time: independent launches, mostly imports on one core; the token cache builds once
     with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(lambda args: dry_and_run(*args),
-                             (("nki_moe", "moe", "2"), ("native", "dense", "1"), ("v5", "dense", "1"))))
+        return dict(
+            pool.map(
+                lambda args: dry_and_run(*args),
+                (("nki_moe", "moe", "2"), ("native", "dense", "1"), ("v5", "dense", "1")),
+            )
+        )
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +88,16 @@ def test_finishing_depends_on_the_flags_the_world_and_the_device_alone(tmp_path)
     from test_finetune import tiny_qwen3
 
     base = tiny_qwen3(tmp_path / "dense")
-    args = ["--module", "neuron_qwen3", "--config", "native_qwen3_4b", f"--checkpoint.initial_load_path={base}",
-            "--checkpoint.initial_load_in_hf", "--lora.rank=4", "--dataloader.validation=0.1"]
+    args = [
+        "--module",
+        "neuron_qwen3",
+        "--config",
+        "native_qwen3_4b",
+        f"--checkpoint.initial_load_path={base}",
+        "--checkpoint.initial_load_in_hf",
+        "--lora.rank=4",
+        "--dataloader.validation=0.1",
+    ]
 
     def finished(world, kind):
         config, problem = preflight.parse_config(args, {})
@@ -96,5 +109,6 @@ def test_finishing_depends_on_the_flags_the_world_and_the_device_alone(tmp_path)
     assert one == again and [line.split(" (")[0] for line in lines] == ["precision: float32", "fine-tuning defaults"]
     (neuron, neuron_lines), (two, _) = finished(4, "neuron"), finished(2, "cpu")
     assert neuron["training"] != one["training"] and [line.split(" (")[0] for line in neuron_lines] == [
-        "fine-tuning defaults"]  # bf16 on Neuron
+        "fine-tuning defaults"
+    ]  # bf16 on Neuron
     assert two["training"] != one["training"]  # the global batch follows the world

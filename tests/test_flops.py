@@ -1,8 +1,6 @@
 """The one FLOPs formula (recipes/neuron_qwen3/report/flops.py) against a hand count, the honest peaks, and the
 metrics backends every config turns on."""
 
-import json
-
 import pytest
 import torch
 from transformers import AutoConfig
@@ -16,8 +14,9 @@ SEQ = 256
 def test_dense_smoke_count_by_hand():
     # The smoke twins' shape: dim 128, 2 layers, 4 heads of 32, 2 kv heads, SwiGLU 384, vocab 2048, tied head.
     shape = shapes.of_model_config(config_registry.native_qwen3_smoke().model_spec.model)
-    assert shape == shapes.Shape(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, hidden_dim=384,
-                                 vocab_size=2048, tied=True)
+    assert shape == shapes.Shape(
+        dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, hidden_dim=384, vocab_size=2048, tied=True
+    )
     attention = 128 * 128 + 128 * 64 + 128 * 64 + 128 * 128  # wq, wk, wv, wo = 49,152
     ffn = 3 * 128 * 384  # 147,456
     head = 128 * 2048  # 262,144: the tied head still multiplies
@@ -76,7 +75,10 @@ def test_trainium2_peak_is_per_logical_core_at_the_configured_lnc(monkeypatch, l
 
 
 def test_tensorboard_always_and_wandb_only_when_the_flag_asks():
-    for config in (config_registry.native_qwen3_4b(), config_registry.v5_qwen3_smoke(),
-                   config_registry.nki_moe_qwen3_bench()):
+    for config in (
+        config_registry.native_qwen3_4b(),
+        config_registry.v5_qwen3_smoke(),
+        config_registry.nki_moe_qwen3_bench(),
+    ):
         assert config.metrics.enable_tensorboard and config.metrics.save_tb_folder == "tb"
         assert config.metrics.enable_wandb is False  # the launcher passes --metrics.enable_wandb (tests: plan)

@@ -96,11 +96,19 @@ def test_an_unsharded_model_loads_every_weight_and_its_fused_qkv_as_torchtitans_
     assert all(torch.equal(found[key], expected[key]) for key in expected)
 
 
-@pytest.mark.parametrize("change, error", [
-    (lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"),
-     "model.layers.1.self_attn.k_proj.weight is not in the folder's safetensors: the model needs it"),
-    (lambda t: t.update({"model.norm.weight": torch.ones(3)}), "model.norm.weight is [3] in the folder, the model's is"),
-])
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (
+            lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"),
+            "model.layers.1.self_attn.k_proj.weight is not in the folder's safetensors: the model needs it",
+        ),
+        (
+            lambda t: t.update({"model.norm.weight": torch.ones(3)}),
+            "model.norm.weight is [3] in the folder, the model's is",
+        ),
+    ],
+)
 def test_a_missing_or_misshapen_tensor_is_one_line_naming_it(tmp_path, change, error):
     from neuron_qwen3.hf import load
 

@@ -12,7 +12,6 @@ import json
 import pytest
 import torch
 
-from conftest import RECIPES
 
 from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
 
@@ -75,8 +74,12 @@ def test_scaled_rope_uses_transformers_registry(rope_type):
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-    cfg = Qwen3Config(head_dim=32, hidden_size=128, num_attention_heads=4,
-                      rope_parameters={"rope_type": rope_type, "rope_theta": 10000.0, "factor": 2.0})
+    cfg = Qwen3Config(
+        head_dim=32,
+        hidden_size=128,
+        num_attention_heads=4,
+        rope_parameters={"rope_type": rope_type, "rope_theta": 10000.0, "factor": 2.0},
+    )
     module = Qwen3RotaryEmbedding(cfg)
     expected = module.inv_freq.clone()
     module.inv_freq.fill_(0.0)

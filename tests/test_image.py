@@ -24,8 +24,11 @@ REPO = build_image.REPO
 
 
 def instructions(path="Dockerfile"):
-    return [(i["instruction"], i["value"]) for i in DockerfileParser(str(REPO / path)).structure
-            if i["instruction"] != "COMMENT"]
+    return [
+        (i["instruction"], i["value"])
+        for i in DockerfileParser(str(REPO / path)).structure
+        if i["instruction"] != "COMMENT"
+    ]
 
 
 def test_dockerfile_shape():
@@ -42,8 +45,9 @@ def test_dockerfile_shape():
     assert user and user[-1] not in ("root", "0"), "runs as a non-root user"
     # Layer order: packages (in their own stage), then the code, then metadata, so a code change reinstalls nothing.
     copies = [value for name, value in steps if name == "COPY"]
-    code = [i for i, (name, value) in enumerate(steps)
-            if name == "COPY" and value.startswith(("entrypoint", "recipes"))]
+    code = [
+        i for i, (name, value) in enumerate(steps) if name == "COPY" and value.startswith(("entrypoint", "recipes"))
+    ]
     venv = next(i for i, (name, value) in enumerate(steps) if name == "COPY" and value.startswith("--from=packages"))
     label = names.index("LABEL")
     assert len(code) == 2 and venv < min(code) and max(code) < label, copies
@@ -51,8 +55,9 @@ def test_dockerfile_shape():
 
 
 def test_context_allowlist_matches_dockerignore():
-    allowed = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines()
-               if line.startswith("!")}
+    allowed = {
+        line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")
+    }
     assert allowed == set(build_image.CONTEXT) - {".dockerignore"}, "ci/build_image.py CONTEXT and .dockerignore differ"
 
 
@@ -91,8 +96,11 @@ def test_the_stand_in_is_not_built_on_a_disk_without_room_for_it(tmp_path):
     need = int(shutil.disk_usage(tmp_path).free / 1e9) + 1000
     with pytest.raises(RuntimeError) as refused:
         standin.check_room(EngineAt(tmp_path), need)
-    assert re.fullmatch(rf"building the stand-in base needs about {need} GB free in {re.escape(str(tmp_path))} "
-                        r"\(the engine's data root\), \d+\.\d GB are free", str(refused.value)), refused.value
+    assert re.fullmatch(
+        rf"building the stand-in base needs about {need} GB free in {re.escape(str(tmp_path))} "
+        r"\(the engine's data root\), \d+\.\d GB are free",
+        str(refused.value),
+    ), refused.value
     standin.check_room(EngineAt(tmp_path), 0)  # room enough
     standin.check_room(EngineAt(tmp_path / "on-another-host"), need)  # a remote engine's disk is not checked
 
@@ -141,8 +149,9 @@ def test_code_change_rebuilds_fast_without_reinstalling(client, image, base, tmp
         ran = [step for step, _, cached in result.steps if not cached]
         install = [step for step, _, cached in result.steps if "install-packages.sh" in step]
         assert install and all(cached for step, _, cached in result.steps if "install-packages.sh" in step), install
-        assert not any(step.split(" : ", 1)[1].startswith(("RUN sh", "COPY --from", "COPY requirements"))
-                       for step in ran), ran
+        assert not any(
+            step.split(" : ", 1)[1].startswith(("RUN sh", "COPY --from", "COPY requirements")) for step in ran
+        ), ran
         assert any("COPY recipes/" in step for step in ran), "the recipes/ change was not seen"
         assert result.seconds < 60, f"code-only rebuild took {result.seconds:.0f}s"
     finally:

@@ -49,13 +49,16 @@ def test_every_input_is_in_its_lock(name):
     """Each requirement of requirements*.in is pinned in the lock made from it, at a version the .in allows."""
     source = REPO / name.replace(".lock", ".in")
     pins = {e.name: e.version for e in lock(name)}
-    wanted = [Spec(line.split("#", 1)[0].strip()) for line in source.read_text().splitlines()
-              if line.split("#", 1)[0].strip()]
+    wanted = [
+        Spec(line.split("#", 1)[0].strip()) for line in source.read_text().splitlines() if line.split("#", 1)[0].strip()
+    ]
     assert wanted, f"{source.name} names no requirement"
     for spec in wanted:
         pinned = pins.get(canonicalize_name(spec.name))
         assert pinned, f"{spec.name} of {source.name} is not in {name}: run `make lock`"
-        assert spec.specifier.contains(pinned, prereleases=True), f"{name} pins {spec.name}=={pinned}, {source.name} says {spec}"
+        assert spec.specifier.contains(pinned, prereleases=True), (
+            f"{name} pins {spec.name}=={pinned}, {source.name} says {spec}"
+        )
 
 
 def test_image_lock_never_brings_torch():
@@ -73,8 +76,13 @@ def test_no_emit_list_is_exactly_what_only_torch_needs():
 
 def test_torch_is_pinned_in_one_place():
     assert [(e.name, e.version) for e in lock("requirements-torch.lock") if e.name == "torch"] == [("torch", "2.14.1")]
-    pins = [path.name for path in REPO.glob("*") if path.is_file() and path.suffix in ("", ".in", ".txt", ".toml")
-            and re.search(r"^\s*torch\s*==", path.read_text(errors="ignore"), re.M)]
+    pins = [
+        path.name
+        for path in REPO.glob("*")
+        if path.is_file()
+        and path.suffix in ("", ".in", ".txt", ".toml")
+        and re.search(r"^\s*torch\s*==", path.read_text(errors="ignore"), re.M)
+    ]
     assert pins == ["requirements-torch.in"], pins
 
 
@@ -86,8 +94,9 @@ def test_locks_agree_where_they_overlap():
             key = (entry.name, entry.marker)
             if key in seen:
                 other, first = seen[key]
-                assert (entry.version, set(entry.hashes)) == (first.version, set(first.hashes)), \
+                assert (entry.version, set(entry.hashes)) == (first.version, set(first.hashes)), (
                     f"{entry.name}: {name} has {entry.version}, {other} has {first.version}"
+                )
             seen[key] = (name, entry)
 
 
@@ -107,7 +116,9 @@ def test_image_lock_is_a_closed_set_on_the_base():
 
 
 def test_markers_select_per_target_python():
-    numpy = {target: [e.version for e in lock("requirements.lock") if e.name == "numpy" and wheelhouse.applies(e, env)]
-             for target, env in (("3.11", PY311), ("3.14", PY314))}
+    numpy = {
+        target: [e.version for e in lock("requirements.lock") if e.name == "numpy" and wheelhouse.applies(e, env)]
+        for target, env in (("3.11", PY311), ("3.14", PY314))
+    }
     assert len(numpy["3.11"]) == 1 and len(numpy["3.14"]) == 1, numpy
     assert wheelhouse.platform_tags({"platform_machine": "x86_64", "glibc": "2.39"})[0] == "manylinux_2_39_x86_64"

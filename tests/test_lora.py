@@ -32,10 +32,17 @@ from neuron_qwen3.lora.adapters import TARGETS
 
 def launcher(tmp_path, **env):
     """`python -m entrypoint` at smoke scale; (status, stderr lines)."""
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.environ["PYTHONPATH"], "SCALE": "smoke",
-           "OUTPUT_DIR": str(tmp_path / "out"), "CACHE_DIR": str(tmp_path / "cache"), **env}
-    result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True,
-                            timeout=120)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": os.environ["PYTHONPATH"],
+        "SCALE": "smoke",
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "CACHE_DIR": str(tmp_path / "cache"),
+        **env,
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     lines = [line for line in result.stderr.splitlines() if not line.startswith("entrypoint: warning:")]
     return result.returncode, lines
 
@@ -67,30 +74,52 @@ def moe_stub(tmp_path_factory):
 # ---- the launcher: one line, exit 2 ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("env, says", [
-    ({"LORA_RANK": "0"}, "LORA_RANK='0' is not a positive integer"),
-    ({"LORA_RANK": "4", "LORA_ALPHA": "-2"}, "LORA_ALPHA='-2' is not a positive number"),
-    ({"LORA_RANK": "4", "LORA_DROPOUT": "1"}, "LORA_DROPOUT='1' is not a number from 0 to below 1"),
-    ({"LORA_RANK": "4"}, "LORA_RANK is set but INIT_FROM is not: LoRA trains adapters over a model's weights"),
-])
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        ({"LORA_RANK": "0"}, "LORA_RANK='0' is not a positive integer"),
+        ({"LORA_RANK": "4", "LORA_ALPHA": "-2"}, "LORA_ALPHA='-2' is not a positive number"),
+        ({"LORA_RANK": "4", "LORA_DROPOUT": "1"}, "LORA_DROPOUT='1' is not a number from 0 to below 1"),
+        ({"LORA_RANK": "4"}, "LORA_RANK is set but INIT_FROM is not: LoRA trains adapters over a model's weights"),
+    ],
+)
 def test_bad_values_are_one_line_and_exit_2(tmp_path, env, says):
     status, lines = launcher(tmp_path, **env)
     assert status == 2 and len(lines) == 1 and lines[0].startswith(f"entrypoint: {says}"), lines
 
 
 # The same pass, in process: each problem is its one line (the launcher prints it and exits 2, as above).
-@pytest.mark.parametrize("env, says", [
-    ({"LORA_RANK": "4", "LORA_TARGETS": "q_proj,wq", "INIT_FROM": "{base}"},
-     "LORA_TARGETS: wq matches no module of a Qwen3 of the dense family (its targets: q_proj,"),
-    ({"LORA_RANK": "4", "LORA_TARGETS": "experts.down_proj", "INIT_FROM": "{base}"},
-     "LORA_TARGETS: experts.down_proj matches no module of a Qwen3 of the dense family (its targets: q_proj,"),
-    ({"VARIANT": "nki_moe", "LORA_RANK": "4", "LORA_TARGETS": "q_proj,gate_proj", "INIT_FROM": "{moe}"},
-     "LORA_TARGETS: gate_proj matches no module of a Qwen3 of the MoE family"),
-    ({"VARIANT": "nki_moe", "LORA_RANK": "4", "LORA_DROPOUT": "0.1", "LORA_TARGETS": "experts.down_proj",
-      "INIT_FROM": "{moe}"}, "LORA_DROPOUT=0.1 with expert targets: PEFT's LoRA on expert parameters has no dropout"),
-    ({"LORA_RANK": "4", "INIT_FROM": "{base}", "EXTRA_ARGS": "--parallelism.tensor_parallel_degree 2"},
-     "LoRA here shards with FSDP only; this run has tensor parallelism degree 2"),
-])
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        (
+            {"LORA_RANK": "4", "LORA_TARGETS": "q_proj,wq", "INIT_FROM": "{base}"},
+            "LORA_TARGETS: wq matches no module of a Qwen3 of the dense family (its targets: q_proj,",
+        ),
+        (
+            {"LORA_RANK": "4", "LORA_TARGETS": "experts.down_proj", "INIT_FROM": "{base}"},
+            "LORA_TARGETS: experts.down_proj matches no module of a Qwen3 of the dense family (its targets: q_proj,",
+        ),
+        (
+            {"VARIANT": "nki_moe", "LORA_RANK": "4", "LORA_TARGETS": "q_proj,gate_proj", "INIT_FROM": "{moe}"},
+            "LORA_TARGETS: gate_proj matches no module of a Qwen3 of the MoE family",
+        ),
+        (
+            {
+                "VARIANT": "nki_moe",
+                "LORA_RANK": "4",
+                "LORA_DROPOUT": "0.1",
+                "LORA_TARGETS": "experts.down_proj",
+                "INIT_FROM": "{moe}",
+            },
+            "LORA_DROPOUT=0.1 with expert targets: PEFT's LoRA on expert parameters has no dropout",
+        ),
+        (
+            {"LORA_RANK": "4", "INIT_FROM": "{base}", "EXTRA_ARGS": "--parallelism.tensor_parallel_degree 2"},
+            "LoRA here shards with FSDP only; this run has tensor parallelism degree 2",
+        ),
+    ],
+)
 def test_the_pre_launch_pass_names_each_bad_setting_in_one_line(tmp_path, dense_base, moe_stub, env, says):
     answer = recipes_pass(tmp_path, **{k: v.format(base=dense_base, moe=moe_stub) for k, v in env.items()})
     assert len(answer["problems"]) == 1 and answer["problems"][0].startswith(says), answer["problems"]
@@ -98,9 +127,17 @@ def test_the_pre_launch_pass_names_each_bad_setting_in_one_line(tmp_path, dense_
 
 def test_an_adapter_whose_base_is_nowhere_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "adapter").mkdir()
-    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"],
-        "base_model_name_or_path": "/gone/base"}))
+    (tmp_path / "adapter" / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": 4,
+                "lora_alpha": 8,
+                "target_modules": ["q_proj"],
+                "base_model_name_or_path": "/gone/base",
+            }
+        )
+    )
     status, lines = launcher(tmp_path, INIT_FROM=str(tmp_path / "adapter"))
     assert status == 2 and len(lines) == 1, lines
     assert "its base model '/gone/base' is not a folder here" in lines[0]
@@ -118,19 +155,32 @@ def test_an_adapter_folder_names_its_base_and_becomes_the_initial_load(tmp_path,
     adapter, assets = tmp_path / "adapter", tmp_path / "assets"
     adapter.mkdir()
     (assets / "Qwen3-8B").mkdir(parents=True)
-    for name, expected in ((str(dense_base), dense_base), ("../base", tmp_path / "base"),
-                           ("Qwen/Qwen3-8B", assets / "Qwen3-8B")):
+    for name, expected in (
+        (str(dense_base), dense_base),
+        ("../base", tmp_path / "base"),
+        ("Qwen/Qwen3-8B", assets / "Qwen3-8B"),
+    ):
         (tmp_path / "base").mkdir(exist_ok=True)
         (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": name}))
         assert folders.adapter_base(str(adapter), str(assets / "Qwen3-4B")) == str(expected)
     assert not folders.is_adapter_folder(str(dense_base))  # a model folder is no adapter folder
-    (adapter / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": 4, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"],
-        "base_model_name_or_path": str(dense_base)}))
-    config = parsed(f"--checkpoint.initial_load_path={adapter}", "--checkpoint.initial_load_in_hf",
-                    "--export.merged=True")
-    assert folders.resolve(config) == adapters.LoRASettings(rank=4, alpha=16.0, targets=("q_proj", "v_proj"),
-                                                        merged=True, adapter=str(adapter))
+    (adapter / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": 4,
+                "lora_alpha": 16,
+                "target_modules": ["q_proj", "v_proj"],
+                "base_model_name_or_path": str(dense_base),
+            }
+        )
+    )
+    config = parsed(
+        f"--checkpoint.initial_load_path={adapter}", "--checkpoint.initial_load_in_hf", "--export.merged=True"
+    )
+    assert folders.resolve(config) == adapters.LoRASettings(
+        rank=4, alpha=16.0, targets=("q_proj", "v_proj"), merged=True, adapter=str(adapter)
+    )
     assert config.checkpoint.initial_load_path == str(dense_base)
 
 
@@ -145,9 +195,17 @@ def test_resuming_with_lora_does_not_ignore_init_from(tmp_path, dense_base, monk
     monkeypatch.setattr(checkpoints, "prepare", lambda *_, **__: (3, []))  # a step to resume
     asked = []
     monkeypatch.setattr(folders, "check_resume_base", lambda step, base: asked.append((step, base)) or [])
-    args = ["--module", "neuron_qwen3", "--config", "native_qwen3_smoke", "--checkpoint.enable",
-            f"--checkpoint.folder={folder}", f"--checkpoint.initial_load_path={dense_base}",
-            "--checkpoint.initial_load_in_hf", *lora_flags]
+    args = [
+        "--module",
+        "neuron_qwen3",
+        "--config",
+        "native_qwen3_smoke",
+        "--checkpoint.enable",
+        f"--checkpoint.folder={folder}",
+        f"--checkpoint.initial_load_path={dense_base}",
+        "--checkpoint.initial_load_in_hf",
+        *lora_flags,
+    ]
     answer = preflight.run({"args": args, "ranks": 1, "check_files": True, "node_rank": 0})
     assert answer["problems"] == []
     assert any("INIT_FROM is ignored" in line for line in answer["warnings"]) == ignored, answer
@@ -157,12 +215,21 @@ def test_resuming_with_lora_does_not_ignore_init_from(tmp_path, dense_base, monk
 def test_the_dry_run_states_trainable_frozen_and_memory(dense_base):
     from neuron_qwen3.prelaunch import preflight
 
-    args = ["--module", "neuron_qwen3", "--config", "native_qwen3_smoke", "--lora.rank=4",
-            f"--checkpoint.initial_load_path={dense_base}", "--checkpoint.initial_load_in_hf"]
+    args = [
+        "--module",
+        "neuron_qwen3",
+        "--config",
+        "native_qwen3_smoke",
+        "--lora.rank=4",
+        f"--checkpoint.initial_load_path={dense_base}",
+        "--checkpoint.initial_load_in_hf",
+    ]
     answer = preflight.run({"args": args, "ranks": 2, "print_config": True})
     line = answer["model"]["lora"]
-    assert line.startswith("19,456 trainable (2.880%), 656,128 frozen parameters; per rank over 2: ") and \
-        "full fine-tuning:" in line, line
+    assert (
+        line.startswith("19,456 trainable (2.880%), 656,128 frozen parameters; per rank over 2: ")
+        and "full fine-tuning:" in line
+    ), line
     assert answer["config"]["lora"]["rank"] == 4
 
 
@@ -206,7 +273,8 @@ def test_every_target_maps_to_a_module(variant):
     layers = 2
     assert len(sites) == layers * len(TARGETS[family])
     assert {s.hf_module.split(".", 3)[3] + (f".{s.hf_param}" if s.hf_param else "") for s in sites} == {
-        f"{'self_attn' if t[0] in 'qkvo' else 'mlp'}.{t}" for t in TARGETS[family]}
+        f"{'self_attn' if t[0] in 'qkvo' else 'mlp'}.{t}" for t in TARGETS[family]
+    }
     assert all(p.device.type == "meta" for p in model.parameters())  # built where the base is: nothing allocated
 
 
@@ -236,7 +304,7 @@ def test_b_zero_changes_nothing_and_only_adapters_train(variant, dense_attention
     adapters.freeze_base(model)
     for adapter in adapters.adapters(model):
         adapter.reset_parameters()
-        bound = 1 / adapter.fan_in ** 0.5  # PEFT: kaiming_uniform_(a=sqrt(5)) over (rank x in)
+        bound = 1 / adapter.fan_in**0.5  # PEFT: kaiming_uniform_(a=sqrt(5)) over (rank x in)
         assert adapter.lora_A.abs().max() <= bound and adapter.lora_A.std() > bound / 3
         assert not adapter.lora_B.any()
     with torch.no_grad():
@@ -253,8 +321,9 @@ def test_a_target_no_module_matches_is_one_line_in_the_worker():
     _, model = built("nki_moe", "meta")  # an MoE model, told it is dense: the family check passes, the model has none
     with pytest.raises(adapters.LoRAError) as caught:
         adapters.insert(model, adapters.LoRASettings(rank=2, targets=("q_proj", "gate_proj")), "dense")
-    assert str(caught.value).startswith("LORA_TARGETS: gate_proj matches no module of this model") and \
-        "\n" not in str(caught.value)
+    assert str(caught.value).startswith("LORA_TARGETS: gate_proj matches no module of this model") and "\n" not in str(
+        caught.value
+    )
 
 
 def test_lora_refuses_tensor_and_expert_parallelism():
@@ -285,26 +354,32 @@ def peft_model(variant, targets):
 
     config, titan = built(variant, "meta")
     if variant == "nki_moe":
-        hf = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**weights.native_hf_config(
-            config.model_spec.model, {})))
+        hf = transformers.Qwen3MoeForCausalLM(
+            transformers.Qwen3MoeConfig(**weights.native_hf_config(config.model_spec.model, {}))
+        )
     else:
         from neuron_qwen3.config_registry import HF_MODEL
 
-        hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
-            **json.loads((HF_MODEL["smoke"] / "config.json").read_text())))
+        hf = transformers.Qwen3ForCausalLM(
+            transformers.Qwen3Config(**json.loads((HF_MODEL["smoke"] / "config.json").read_text()))
+        )
     modules = [t for t in targets if not t.startswith("experts.")]
     parameters = [t.replace("experts.", "mlp.experts.") for t in targets if t.startswith("experts.")]
-    return peft.get_peft_model(hf, peft.LoraConfig(r=4, lora_alpha=8, target_modules=modules,
-                                                   target_parameters=parameters or None)), titan
+    return peft.get_peft_model(
+        hf, peft.LoraConfig(r=4, lora_alpha=8, target_modules=modules, target_parameters=parameters or None)
+    ), titan
 
 
-@pytest.mark.parametrize("variant, targets", [
-    ("native", TARGETS["dense"]),
-    ("v5", TARGETS["dense"]),
-    ("nki_moe", TARGETS["moe"]),
-    ("nki_moe", ("k_proj", "experts.down_proj")),
-    ("nki_moe", ("experts.gate_up_proj",)),
-])
+@pytest.mark.parametrize(
+    "variant, targets",
+    [
+        ("native", TARGETS["dense"]),
+        ("v5", TARGETS["dense"]),
+        ("nki_moe", TARGETS["moe"]),
+        ("nki_moe", ("k_proj", "experts.down_proj")),
+        ("nki_moe", ("experts.gate_up_proj",)),
+    ],
+)
 def test_the_adapter_file_has_peft_names_and_shapes(variant, targets):
     from safetensors.torch import load_file
 
@@ -332,12 +407,14 @@ def test_expert_layout_is_the_one_peft_computes_with():
     from neuron_qwen3.lora import folders
 
     reference, titan = peft_model("nki_moe", ("experts.gate_up_proj", "experts.down_proj"))
-    sites = adapters.insert(titan, adapters.LoRASettings(rank=4, alpha=8, targets=("experts.gate_up_proj",
-                                                                           "experts.down_proj")), "moe")
+    sites = adapters.insert(
+        titan, adapters.LoRASettings(rank=4, alpha=8, targets=("experts.gate_up_proj", "experts.down_proj")), "moe"
+    )
     torch.manual_seed(2)
     ours = {k: torch.randn(v.shape) for k, v in titan.state_dict().items() if adapters.is_adapter_key(k)}
-    reference.load_state_dict({k.replace(".weight", ".default.weight"): v
-                               for k, v in folders.to_peft(sites, ours).items()}, strict=False)
+    reference.load_state_dict(
+        {k.replace(".weight", ".default.weight"): v for k, v in folders.to_peft(sites, ours).items()}, strict=False
+    )
     experts = reference.base_model.model.model.layers[0].mlp.experts
     for wrapper, site in ((experts.base_layer, sites[0]), (experts, sites[1])):
         a, b = ours[f"{site.key}.lora_A"], ours[f"{site.key}.lora_B"]
@@ -362,8 +439,10 @@ def test_adapted_modules_compile_fullgraph(variant):
         torch.nn.init.normal_(adapter.lora_B, std=0.02)
     block = model.layers["0"]
     dim = block.attention.wo.out_features
-    adapted = {"qkv": (block.attention.qkv_linear, (torch.randn(2, 16, dim),)),
-               "o": (block.attention.wo, (torch.randn(2, 16, block.attention.wo.in_features),))}
+    adapted = {
+        "qkv": (block.attention.qkv_linear, (torch.randn(2, 16, dim),)),
+        "o": (block.attention.wo, (torch.randn(2, 16, block.attention.wo.in_features),)),
+    }
     if family == "moe":  # 32 routed rows, 8 per expert, as the dispatcher hands them over
         adapted["experts"] = (block.moe.routed_experts.inner_experts, (torch.randn(32, dim), torch.tensor([8] * 4)))
     else:
@@ -397,10 +476,13 @@ def test_the_fingerprint_tells_apart_two_bases_of_one_shape(tmp_path, dense_base
     same = tmp_path / "same"
     shutil.copytree(dense_base, same)
     assert folders.base_fingerprint(str(dense_base)) == folders.base_fingerprint(str(same))
-    assert (folders.base_fingerprint(str(dense_base))["bytes"] == folders.base_fingerprint(str(other))["bytes"]
-            and folders.base_fingerprint(str(dense_base)) != folders.base_fingerprint(str(other)))
+    assert folders.base_fingerprint(str(dense_base))["bytes"] == folders.base_fingerprint(str(other))[
+        "bytes"
+    ] and folders.base_fingerprint(str(dense_base)) != folders.base_fingerprint(str(other))
     check = folders.BaseCheck(str(other))
-    with pytest.raises(adapters.LoRAError, match=r"trained over a base of [\d,]+ bytes \(sha256 \w{12}\), but INIT_FROM"):
+    with pytest.raises(
+        adapters.LoRAError, match=r"trained over a base of [\d,]+ bytes \(sha256 \w{12}\), but INIT_FROM"
+    ):
         check.load_state_dict(folders.base_fingerprint(str(dense_base)))
     check.load_state_dict(folders.base_fingerprint(str(other)))
 
@@ -423,18 +505,32 @@ def test_the_dry_run_footprint_shrinks_gradients_and_optimizer_with_the_trainabl
 def test_continuing_an_adapter_takes_its_settings_and_refuses_others(tmp_path, dense_base):
     from neuron_qwen3.lora import folders
 
-    (tmp_path / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": 8, "lora_alpha": 32, "lora_dropout": 0.05, "base_model_name_or_path": str(dense_base),
-        "target_modules": ["v_proj", "q_proj"], "target_parameters": ["mlp.experts.down_proj"]}))
+    (tmp_path / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": 8,
+                "lora_alpha": 32,
+                "lora_dropout": 0.05,
+                "base_model_name_or_path": str(dense_base),
+                "target_modules": ["v_proj", "q_proj"],
+                "target_parameters": ["mlp.experts.down_proj"],
+            }
+        )
+    )
     load = (f"--checkpoint.initial_load_path={tmp_path}", "--checkpoint.initial_load_in_hf")
     assert folders.resolve(parsed(*load, "--lora.targets=q_proj,v_proj,experts.down_proj")) == adapters.LoRASettings(
-        rank=8, alpha=32.0, dropout=0.05, targets=("v_proj", "q_proj", "experts.down_proj"), adapter=str(tmp_path))
+        rank=8, alpha=32.0, dropout=0.05, targets=("v_proj", "q_proj", "experts.down_proj"), adapter=str(tmp_path)
+    )
     with pytest.raises(adapters.LoRAError) as caught:
         folders.resolve(parsed(*load, "--lora.rank=4", "--lora.targets=q_proj"))
-    assert str(caught.value) == (f"INIT_FROM={tmp_path}: LORA_RANK=4 (the adapter's: 8), LORA_TARGETS=q_proj (the "
-                                 "adapter's: experts.down_proj,q_proj,v_proj): unset them to continue the adapter "
-                                 "as it is")
-    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 8,
-                                                             "use_dora": True, "target_modules": ["q_proj"]}))
+    assert str(caught.value) == (
+        f"INIT_FROM={tmp_path}: LORA_RANK=4 (the adapter's: 8), LORA_TARGETS=q_proj (the "
+        "adapter's: experts.down_proj,q_proj,v_proj): unset them to continue the adapter "
+        "as it is"
+    )
+    (tmp_path / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 8, "use_dora": True, "target_modules": ["q_proj"]})
+    )
     with pytest.raises(adapters.LoRAError, match="with use_dora: this image continues plain LoRA only"):
         folders.resolve(parsed(*load))

@@ -30,8 +30,11 @@ pytestmark = pytest.mark.training
 ZERO_LR = "--tune.lr 0"  # the weights stay: a round trip
 LR = "8e-4"  # the smoke config's, not the full fine-tuning default (2e-5): the adapters move in 6-8 steps
 MOE_TARGETS = "q_proj,k_proj,v_proj,o_proj,experts.gate_up_proj,experts.down_proj"
-SETTINGS = {"dense": dict(rank=4, alpha=16), "moe": dict(rank=4, targets=tuple(MOE_TARGETS.split(","))),
-            "v5": dict(rank=4)}
+SETTINGS = {
+    "dense": dict(rank=4, alpha=16),
+    "moe": dict(rank=4, targets=tuple(MOE_TARGETS.split(","))),
+    "v5": dict(rank=4),
+}
 VARIANT = {"dense": "native", "moe": "nki_moe", "v5": "v5"}
 SOURCE = {"dense": "dense-source", "moe": "moe-source", "v5": "dense-source"}
 
@@ -86,36 +89,92 @@ def runs(tmp):
     save_moe(f"{tmp}/moe-source")
 
     def launch(name, variant, **env):
-        env = worker_env(VARIANT=variant, SCALE="smoke", OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache",
-                         EXPORT_DTYPE="float32", **env)
-        return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
-                              text=True, timeout=900)
+        env = worker_env(
+            VARIANT=variant,
+            SCALE="smoke",
+            OUTPUT_DIR=f"{tmp}/{name}-out",
+            CACHE_DIR=f"{tmp}/cache",
+            EXPORT_DTYPE="float32",
+            **env,
+        )
+        return subprocess.run(
+            [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+        )
 
     def dense():
         """The dense run, then the two that start from its adapter and its checkpoint."""
-        found = {"dense": launch("dense", "native", INIT_FROM=f"{tmp}/dense-source", LORA_RANK="4", LORA_ALPHA="16",
-                                 LR=LR, STEPS="8", CHECKPOINT_DIR=f"{tmp}/dense-checkpoint", EXPORT_DIR=f"{tmp}/dense",
-                                 EXPORT_MERGED="1")}
-        found["continue"] = launch("continue", "native", INIT_FROM=f"{tmp}/dense/adapter", STEPS="2",
-                                   EXPORT_DIR=f"{tmp}/continue", EXTRA_ARGS=ZERO_LR)
+        found = {
+            "dense": launch(
+                "dense",
+                "native",
+                INIT_FROM=f"{tmp}/dense-source",
+                LORA_RANK="4",
+                LORA_ALPHA="16",
+                LR=LR,
+                STEPS="8",
+                CHECKPOINT_DIR=f"{tmp}/dense-checkpoint",
+                EXPORT_DIR=f"{tmp}/dense",
+                EXPORT_MERGED="1",
+            )
+        }
+        found["continue"] = launch(
+            "continue",
+            "native",
+            INIT_FROM=f"{tmp}/dense/adapter",
+            STEPS="2",
+            EXPORT_DIR=f"{tmp}/continue",
+            EXTRA_ARGS=ZERO_LR,
+        )
         shutil.copytree(f"{tmp}/dense-checkpoint", f"{tmp}/other-checkpoint")
-        found["other"] = launch("other", "native", INIT_FROM=f"{tmp}/dense-source2", LORA_RANK="4", LORA_ALPHA="16",
-                                STEPS="10", CHECKPOINT_DIR=f"{tmp}/other-checkpoint", PREFLIGHT="warn")
+        found["other"] = launch(
+            "other",
+            "native",
+            INIT_FROM=f"{tmp}/dense-source2",
+            LORA_RANK="4",
+            LORA_ALPHA="16",
+            STEPS="10",
+            CHECKPOINT_DIR=f"{tmp}/other-checkpoint",
+            PREFLIGHT="warn",
+        )
         return found
 
     def moe():
-        return {"moe": launch("moe", "nki_moe", NPROC="2", INIT_FROM=f"{tmp}/moe-source", LORA_RANK="4", LR=LR,
-                              LORA_TARGETS=MOE_TARGETS, STEPS="6", CHECKPOINT_DIR=f"{tmp}/moe-checkpoint",
-                              EXPORT_DIR=f"{tmp}/moe", EXPORT_MERGED="1")}
+        return {
+            "moe": launch(
+                "moe",
+                "nki_moe",
+                NPROC="2",
+                INIT_FROM=f"{tmp}/moe-source",
+                LORA_RANK="4",
+                LR=LR,
+                LORA_TARGETS=MOE_TARGETS,
+                STEPS="6",
+                CHECKPOINT_DIR=f"{tmp}/moe-checkpoint",
+                EXPORT_DIR=f"{tmp}/moe",
+                EXPORT_MERGED="1",
+            )
+        }
 
     def v5():
-        return {"v5": launch("v5", "v5", INIT_FROM=f"{tmp}/dense-source", LORA_RANK="4", STEPS="6", LR=LR,
-                             CHECKPOINT_DIR=f"{tmp}/v5-checkpoint", EXPORT_DIR=f"{tmp}/v5")}
+        return {
+            "v5": launch(
+                "v5",
+                "v5",
+                INIT_FROM=f"{tmp}/dense-source",
+                LORA_RANK="4",
+                STEPS="6",
+                LR=LR,
+                CHECKPOINT_DIR=f"{tmp}/v5-checkpoint",
+                EXPORT_DIR=f"{tmp}/v5",
+            )
+        }
 
     # two at a time: independent launches, mostly imports on one core
     with ThreadPoolExecutor(2) as pool:
-        return {"tmp": tmp, **{name: run for found in pool.map(lambda chain: chain(), (dense, moe, v5))
-                               for name, run in found.items()}}
+        return {
+            "tmp": tmp,
+            **{name: run for found in pool.map(lambda chain: chain(), (dense, moe, v5)) for name, run in found.items()},
+        }
 
 
 @pytest.fixture(scope="module")
@@ -204,8 +263,10 @@ def test_peft_computes_the_trained_models_logits(done, name):
         with served.disable_adapter():
             untouched = served(TOKENS).logits
     ours = titan_logits(trained_titan(done, name), TOKENS)
-    print(f"\n{name}: |ours - PEFT| / |PEFT| = {rel_err(ours, theirs):.2e}; the adapter moves the logits by "
-          f"{rel_err(untouched, theirs):.2e}")
+    print(
+        f"\n{name}: |ours - PEFT| / |PEFT| = {rel_err(ours, theirs):.2e}; the adapter moves the logits by "
+        f"{rel_err(untouched, theirs):.2e}"
+    )
     assert rel_err(untouched, theirs) > 1e-3  # the adapter trained: the comparison can fail
     assert rel_err(ours, theirs) <= 1e-5
 
@@ -216,20 +277,34 @@ def test_merge_and_unload_is_the_merged_export_and_the_base_did_not_move(done, n
     import transformers
 
     source = f"{done['tmp']}/{SOURCE[name]}"
-    served = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(source),
-                                            adapter_folder(done, name))
+    served = peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(source), adapter_folder(done, name)
+    )
     served.merge_and_unload().save_pretrained(tmp_path)  # transformers writes Qwen3-MoE experts one by one again
     theirs, ours = tensors(f"{tmp_path}/model.safetensors"), tensors(f"{done['tmp']}/{name}/model.safetensors")
     assert sorted(ours) == sorted(theirs)
     assert [key for key in ours if not torch.equal(ours[key], theirs[key])] == []
     # PEFT merged the exported adapter into the SOURCE: so every base tensor the run held was the source's, bit for
     # bit; what differs from the source is exactly the adapted weights
-    adapted = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-               "mlp.up_proj", "mlp.down_proj", "gate_proj", "up_proj", "down_proj"}
+    adapted = {
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
     original = tensors(f"{source}/model.safetensors")
     changed = {key for key in ours if not torch.equal(ours[key], original[key])}
-    expected = {key for key in ours if any(key.endswith(f".{part}.weight") for part in adapted)
-                and ".mlp.gate.weight" not in key}
+    expected = {
+        key
+        for key in ours
+        if any(key.endswith(f".{part}.weight") for part in adapted) and ".mlp.gate.weight" not in key
+    }
     assert changed == expected
 
 
@@ -239,7 +314,9 @@ def test_checkpoints_hold_the_adapters_and_their_optimizer_only(done, name):
 
     state = final_checkpoint(done, name)
     model = [key for key, value in state.items() if isinstance(value, torch.Tensor)]
-    assert model and all(adapters.is_adapter_key(key) for key in model), [k for k in model if not adapters.is_adapter_key(k)]
+    assert model and all(adapters.is_adapter_key(key) for key in model), [
+        k for k in model if not adapters.is_adapter_key(k)
+    ]
     optimizer = [key for key in state["optimizer"] if key.startswith("state.")]
     assert optimizer and all(key.removeprefix("state.").rsplit(".", 1)[0] in model for key in optimizer)
     assert state[folders.BASE_STATE] == folders.base_fingerprint(f"{done['tmp']}/{SOURCE[name]}")
@@ -274,10 +351,14 @@ def test_a_resume_over_another_base_is_refused_in_one_line(done):
     result = done["other"]
     step = f"{done['tmp']}/other-checkpoint/step-8"
     said = [line for line in result.stderr.splitlines() if line.startswith("entrypoint: warning: CHECKPOINT_DIR")]
-    assert len(said) == 1 and said[0].startswith(f"entrypoint: warning: CHECKPOINT_DIR {step}: the checkpoint's "
-                                                 "adapters were trained over a base of"), result.stderr[-3000:]
+    assert len(said) == 1 and said[0].startswith(
+        f"entrypoint: warning: CHECKPOINT_DIR {step}: the checkpoint's adapters were trained over a base of"
+    ), result.stderr[-3000:]
     assert result.returncode != 0
-    lines = {line.split("LoRAError: ", 1)[1] for line in (result.stdout + result.stderr).splitlines()
-             if "LoRAError: " in line}
+    lines = {
+        line.split("LoRAError: ", 1)[1]
+        for line in (result.stdout + result.stderr).splitlines()
+        if "LoRAError: " in line
+    }
     assert len(lines) == 1 and "trained over a base of" in lines.pop()
     assert folders.check_resume_base(step, f"{done['tmp']}/dense-source") == []

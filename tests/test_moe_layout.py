@@ -34,9 +34,7 @@ from neuron_qwen3.moe.layout import (
 def random_routing(gen, num_tokens, num_experts, top_k, expert_weights=None):
     """Top-k distinct experts per token; `expert_weights` skews the choice (zeros = never chosen)."""
     weights = torch.ones(num_experts) if expert_weights is None else torch.as_tensor(expert_weights, dtype=torch.float)
-    return torch.stack(
-        [torch.multinomial(weights, top_k, replacement=False, generator=gen) for _ in range(num_tokens)]
-    )
+    return torch.stack([torch.multinomial(weights, top_k, replacement=False, generator=gen) for _ in range(num_tokens)])
 
 
 def routing_cases():
@@ -205,8 +203,11 @@ def test_weight_packing_round_trips_and_matches_grouped_experts_products():
 
 
 def test_packing_sends_gradients_back_in_torchtitan_layout():
-    w1, w3, w2 = (torch.randn(3, 5, 4, requires_grad=True), torch.randn(3, 5, 4, requires_grad=True),
-                  torch.randn(3, 4, 5, requires_grad=True))
+    w1, w3, w2 = (
+        torch.randn(3, 5, 4, requires_grad=True),
+        torch.randn(3, 5, 4, requires_grad=True),
+        torch.randn(3, 4, 5, requires_grad=True),
+    )
     grad_gate_up, grad_down = torch.randn(3, 4, 2, 5), torch.randn(3, 5, 4)
     torch.autograd.backward([pack_gate_up(w1, w3), pack_down(w2)], [grad_gate_up, grad_down])
     g1, g3 = unpack_gate_up(grad_gate_up)
@@ -215,7 +216,9 @@ def test_packing_sends_gradients_back_in_torchtitan_layout():
 
 def test_unit_affinities_mark_every_routed_slot_and_nothing_else():
     counts = torch.tensor([3, 0, 2])
-    layout = presorted_block_layout(counts, num_rows=6, block_size=2)  # rows 0-2 expert 0, rows 3-4 expert 2, row 5 none
+    layout = presorted_block_layout(
+        counts, num_rows=6, block_size=2
+    )  # rows 0-2 expert 0, rows 3-4 expert 2, row 5 none
     dense = unit_affinities(layout, 3, torch.float32).view(7, 3)
     expected = torch.zeros(7, 3)
     expected[[0, 1, 2], 0] = 1

@@ -104,13 +104,26 @@ def test_the_pre_launch_pass_says_a_bad_coefficient_in_one_line(tmp_path):
     assert answer["problems"] == ["--moe.aux_loss=-1.0 is not a coefficient from 0"], answer["problems"]
 
 
-@pytest.mark.parametrize("env, says", [({"MOE_AUX_LOSS": "-1"}, "MOE_AUX_LOSS='-1' is not a number from 0, like 0.001"),
-                                       ({"MOE_ROUTER": "thaw"}, "MOE_ROUTER='thaw' is not one of: train, freeze")])
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        ({"MOE_AUX_LOSS": "-1"}, "MOE_AUX_LOSS='-1' is not a number from 0, like 0.001"),
+        ({"MOE_ROUTER": "thaw"}, "MOE_ROUTER='thaw' is not one of: train, freeze"),
+    ],
+)
 def test_the_launcher_refuses_a_bad_value_in_one_line_and_exit_2(tmp_path, env, says):
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ["PYTHONPATH"], "SCALE": "smoke",
-           "VARIANT": "nki_moe", "OUTPUT_DIR": str(tmp_path / "out"), "CACHE_DIR": str(tmp_path / "cache"), **env}
-    result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True,
-                            timeout=120)
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": os.environ["PYTHONPATH"],
+        "SCALE": "smoke",
+        "VARIANT": "nki_moe",
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "CACHE_DIR": str(tmp_path / "cache"),
+        **env,
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert (result.returncode, result.stdout, result.stderr) == (2, "", f"entrypoint: {says}\n")
     assert not (tmp_path / "out").exists()  # nothing started
 
@@ -187,11 +200,20 @@ print(json.dumps(found))
 @pytest.mark.training
 def test_the_finished_parallelize_fn_freezes_the_routers_out_of_the_optimizer(tmp_path):
     source = hf_folder(tmp_path / "source")
-    cases = {"freeze": ["--moe.router=freeze"], "train": [],
-             "lora": [*init_from(source), "--lora.rank=4"], "lora+freeze": [*init_from(source), "--lora.rank=4",
-                                                                            "--moe.router=freeze"]}
-    result = subprocess.run([sys.executable, "-c", PARALLELIZED, json.dumps(cases)], env=worker_env(), cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    cases = {
+        "freeze": ["--moe.router=freeze"],
+        "train": [],
+        "lora": [*init_from(source), "--lora.rank=4"],
+        "lora+freeze": [*init_from(source), "--lora.rank=4", "--moe.router=freeze"],
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", PARALLELIZED, json.dumps(cases)],
+        env=worker_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.splitlines()[-1])
     for name, case in found.items():
@@ -225,17 +247,28 @@ def runs(tmp):
         json.dump({**shape, "router_aux_loss_coef": SOURCE_AUX}, f)
 
     def launch(name, **env):
-        env = worker_env(VARIANT="nki_moe", SCALE="smoke", STEPS=str(STEPS), LR=LR, MOE_ROUTER="freeze",
-                         OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache-{name}", EXPORT_DIR=f"{tmp}/{name}",
-                         EXPORT_DTYPE="float32", **env)
-        return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
-                              text=True, timeout=900)
+        env = worker_env(
+            VARIANT="nki_moe",
+            SCALE="smoke",
+            STEPS=str(STEPS),
+            LR=LR,
+            MOE_ROUTER="freeze",
+            OUTPUT_DIR=f"{tmp}/{name}-out",
+            CACHE_DIR=f"{tmp}/cache-{name}",
+            EXPORT_DIR=f"{tmp}/{name}",
+            EXPORT_DTYPE="float32",
+            **env,
+        )
+        return subprocess.run(
+            [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+        )
 
     # at once: their imports (most of their time, one core each) share the cores
     with ThreadPoolExecutor(2) as pool:
         freeze = pool.submit(launch, "freeze", INIT_FROM=f"{tmp}/source-aux", CHECKPOINT_DIR=f"{tmp}/checkpoint")
-        lora = pool.submit(launch, "lora", INIT_FROM=f"{tmp}/source", LORA_RANK="4", LORA_TARGETS=LORA_TARGETS,
-                           EXPORT_MERGED="1")
+        lora = pool.submit(
+            launch, "lora", INIT_FROM=f"{tmp}/source", LORA_RANK="4", LORA_TARGETS=LORA_TARGETS, EXPORT_MERGED="1"
+        )
         return {"tmp": tmp, "freeze": freeze.result(), "lora": lora.result()}
 
 

@@ -72,7 +72,7 @@ def document(generator, n: int, prompt: float = 0.0):
 
     ids = torch.randint(1, VOCAB, (n,), generator=generator).tolist()
     masked = int(prompt * (n - 1))
-    return Document(ids, [IGNORE_INDEX] * masked + ids[1 + masked:])
+    return Document(ids, [IGNORE_INDEX] * masked + ids[1 + masked :])
 
 
 def pack(docs, whole: bool, windows: int = 2) -> dict:
@@ -98,8 +98,11 @@ def batches() -> dict:
     text = [document(generator, n) for n in (41, 67, 30, 88, 52, 45)]
     chats = [document(generator, n, 0.4) for n in (45, 60, 50, 40, 20)]
     alone = [document(generator, n, 0.3) for n in (71, 101)]
-    found = {"packed": pack(text, whole=False), "packed_padded": pack(chats, whole=True),
-             "padded": pack(alone, whole=True)}
+    found = {
+        "packed": pack(text, whole=False),
+        "packed_padded": pack(chats, whole=True),
+        "padded": pack(alone, whole=True),
+    }
     pads = {name: (~b["real"]).sum(dim=1).tolist() for name, b in found.items()}
     assert pads == {"packed": [0, 0], "packed_padded": [25, 21], "padded": [58, 28]}, pads
     for b in found.values():  # positions restart at every document (and every pad run)
@@ -143,8 +146,9 @@ def per_layer_mean(router_logits, experts, top_k, mask) -> float:
     """The mean of each layer's own load-balancing loss: what the loss would be if it were not pooled."""
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
-    return sum(load_balancing_loss_func((logits,), experts, top_k, mask).item()
-               for logits in router_logits) / len(router_logits)
+    return sum(load_balancing_loss_func((logits,), experts, top_k, mask).item() for logits in router_logits) / len(
+        router_logits
+    )
 
 
 @functools.cache
@@ -167,12 +171,20 @@ def on_batch(model, name: str) -> dict:
     config = model.config
     gates = [layer.mlp.gate for layer in model.model.layers]
     inputs = {}
-    hooks = [gate.register_forward_hook(lambda m, args, out, i=i: inputs.__setitem__(i, (args[0], out)))
-             for i, gate in enumerate(gates)]
+    hooks = [
+        gate.register_forward_hook(lambda m, args, out, i=i: inputs.__setitem__(i, (args[0], out)))
+        for i, gate in enumerate(gates)
+    ]
     masked = name == "padded"  # transformers' own way to leave padding out; it then cannot detect the packing
-    out = model(batch["input"], position_ids=batch["positions"], labels=batch["labels"],
-                shift_labels=batch["labels"], attention_mask=batch["real"].long() if masked else None,
-                output_router_logits=True, use_cache=False)
+    out = model(
+        batch["input"],
+        position_ids=batch["positions"],
+        labels=batch["labels"],
+        shift_labels=batch["labels"],
+        attention_mask=batch["real"].long() if masked else None,
+        output_router_logits=True,
+        use_cache=False,
+    )
     for hook in hooks:
         hook.remove()
     logits = out.router_logits
@@ -193,10 +205,15 @@ def on_batch(model, name: str) -> dict:
     weights = [gate.weight for gate in gates]
     aux_grads = torch.autograd.grad(AUX * aux, weights, retain_graph=True)
     total.backward()
-    return {"loss": total.item(), "aux": aux.item(), "unmasked": unmasked.item(),
-            "per_layer": per_layer_mean(logits, config.num_experts, config.num_experts_per_tok, real),
-            "z": z_loss(logits, batch["real"]), "grads": [w.grad.clone() for w in weights],
-            "aux_grads": [g.clone() for g in aux_grads]}
+    return {
+        "loss": total.item(),
+        "aux": aux.item(),
+        "unmasked": unmasked.item(),
+        "per_layer": per_layer_mean(logits, config.num_experts, config.num_experts_per_tok, real),
+        "z": z_loss(logits, batch["real"]),
+        "grads": [w.grad.clone() for w in weights],
+        "aux_grads": [g.clone() for g in aux_grads],
+    }
 
 
 # ---- the project's runs -------------------------------------------------------------------------------------------
@@ -205,9 +222,24 @@ def on_batch(model, name: str) -> dict:
 def train(tmp: Path, name: str, shape: str, source: str, nproc: int) -> dict:
     """The scenario under torchrun, on 1 rank too (torchtitan's trainer wants torchrun's environment)."""
     out = tmp / name
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--rdzv_backend", "c10d",
-           "--rdzv_endpoint", "localhost:0", f"--log-dir={out}/torchrun", "--tee", "3",
-           str(SCENARIOS / "moe_routing.py"), shape, source, str(tmp / "batches.pt"), str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        "localhost:0",
+        f"--log-dir={out}/torchrun",
+        "--tee",
+        "3",
+        str(SCENARIOS / "moe_routing.py"),
+        shape,
+        source,
+        str(tmp / "batches.pt"),
+        str(out),
+    ]
     result = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:] + rank_logs(out)
     ranks = [json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))]
@@ -222,8 +254,9 @@ def runs(tmp: str) -> dict:
     sources = {shape: save_source(str(tmp / f"{shape}-source"), shape) for shape in ("smoke", "real_width")}
     jobs = {"smoke": ("smoke", 1), "smoke2": ("smoke", 2), "real_width": ("real_width", 1)}
     with ThreadPoolExecutor(len(jobs)) as pool:
-        futures = {name: pool.submit(train, tmp, name, shape, sources[shape], nproc)
-                   for name, (shape, nproc) in jobs.items()}
+        futures = {
+            name: pool.submit(train, tmp, name, shape, sources[shape], nproc) for name, (shape, nproc) in jobs.items()
+        }
         found = {name: future.result() for name, future in futures.items()}
     found["sources"] = sources
     return found
@@ -304,12 +337,15 @@ def test_one_rank_and_two_give_the_same_step(done, name):
     for key in ("loss_metrics/global_avg_loss", "moe/aux_loss", "moe/z_loss"):
         for rank in range(2):
             error = rel_err(logged(two, step, rank)[key], logged(one, step)[key])
-            print(f"{name} {key} rank {rank}: 2 ranks {logged(two, step, rank)[key]:.9f} 1 rank "
-                  f"{logged(one, step)[key]:.9f} rel {error:.2e}")
+            print(
+                f"{name} {key} rank {rank}: 2 ranks {logged(two, step, rank)[key]:.9f} 1 rank "
+                f"{logged(one, step)[key]:.9f} rel {error:.2e}"
+            )
             assert error <= RANKS_BOUND, key
     for rank in two["ranks"]:  # the experts' load, summed over the ranks
-        assert [layer["tokens"] for layer in rank["steps"][step]["last"]["layers"]] == \
-            [layer["tokens"] for layer in one["ranks"][0]["steps"][step]["last"]["layers"]]
+        assert [layer["tokens"] for layer in rank["steps"][step]["last"]["layers"]] == [
+            layer["tokens"] for layer in one["ranks"][0]["steps"][step]["last"]["layers"]
+        ]
     for key, grad in one["grads"][step].items():
         error = rel_err(two["grads"][step][key], grad)
         print(f"{name} {key}: 2 ranks against 1 rel {error:.2e}")

@@ -51,9 +51,17 @@ def make_pair(dim, hidden, num_experts, block_size, compute_dtype, block_count="
     with torch.no_grad():
         for p in titan.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    nki = NKIGroupedExperts(NKIGroupedExperts.Config(dim=dim, hidden_dim=hidden, num_experts=num_experts,
-                                                     block_size=block_size, compute_dtype=compute_dtype,
-                                                     block_count=block_count, kernel=kernel))
+    nki = NKIGroupedExperts(
+        NKIGroupedExperts.Config(
+            dim=dim,
+            hidden_dim=hidden,
+            num_experts=num_experts,
+            block_size=block_size,
+            compute_dtype=compute_dtype,
+            block_count=block_count,
+            kernel=kernel,
+        )
+    )
     nki.load_state_dict(titan.state_dict())
     return titan, nki
 
@@ -120,7 +128,9 @@ ALL_CASES = GROUPED_CASES + random_cases()
 def test_matches_grouped_experts_fp32(titan_in_fp32, name, counts, dim, hidden, block_size, block_count):
     counts = torch.tensor(counts)
     titan, nki = make_pair(dim, hidden, len(counts), block_size, "float32", block_count)
-    out_t, gw_n = assert_same_as_torchtitan(titan, nki, counts, dim, seed=1, out_rel=FP32["output"], grad_rel=FP32["gradients"])
+    out_t, gw_n = assert_same_as_torchtitan(
+        titan, nki, counts, dim, seed=1, out_rel=FP32["output"], grad_rel=FP32["gradients"]
+    )
     assert out_t.dtype == torch.float32  # the no-op cast held: torchtitan really ran in fp32
     idle = counts == 0
     if idle.any():  # experts that received nothing get exactly zero gradient
@@ -171,10 +181,12 @@ def test_logs_kernel_path_once(caplog):
 
 def moe_layer_configs(num_layers=2):
     """Two copies of torchtitan's debugmodel_moe Qwen3 config, cut to `num_layers` layers."""
+
     def cut():
         config = model_registry("debugmodel_moe").model
         del config.layers[num_layers:]
         return config
+
     return cut(), cut()
 
 
@@ -182,8 +194,16 @@ def small_moe_layer_config():
     """One Qwen3 MoE layer from torchtitan's own builder (softmax top-k router with renormalised
     weights), at a size that runs in a second: 16 experts, top-4."""
     return _build_qwen3_moe_layers(
-        n_layers=1, dim=64, n_heads=2, n_kv_heads=1, head_dim=32, moe_hidden_dim=32, num_experts=16, top_k=4,
-        attn_backend="flex", moe_comm_backend="standard",
+        n_layers=1,
+        dim=64,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=32,
+        moe_hidden_dim=32,
+        num_experts=16,
+        top_k=4,
+        attn_backend="flex",
+        moe_comm_backend="standard",
         rope=CosSinRoPE.Config(dim=32, max_seq_len=64, theta=1000000.0),
     )[0].moe
 
@@ -270,8 +290,9 @@ def test_op_with_routing_weights_matches_routed_experts(titan_in_fp32):
 # ---- the op itself -----------------------------------------------------------------------------
 
 
-def op_inputs(dtype=torch.float32, seed=0, num_tokens=11, dim=8, hidden=6, num_experts=5, top_k=2, block_size=3,
-              static=False):
+def op_inputs(
+    dtype=torch.float32, seed=0, num_tokens=11, dim=8, hidden=6, num_experts=5, top_k=2, block_size=3, static=False
+):
     gen = torch.Generator().manual_seed(seed)
     ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)])
     num_blocks = max_num_blocks(num_tokens * top_k, num_experts, block_size) if static else None
@@ -301,8 +322,14 @@ def test_opcheck(static):
     result = torch.library.opcheck(torch.ops.neuron_qwen3.blockwise_moe_experts.default, [*args, *PATH])
     assert set(result.values()) == {"SUCCESS"}, result
     out, gate_up_act_T, down_act = torch.ops.neuron_qwen3.blockwise_moe_experts(*args, *PATH)
-    grad_args = [torch.randn_like(out), *[a.detach() for a in args[:5]], gate_up_act_T.detach(), down_act.detach(),
-                 *args[5:], *PATH]
+    grad_args = [
+        torch.randn_like(out),
+        *[a.detach() for a in args[:5]],
+        gate_up_act_T.detach(),
+        down_act.detach(),
+        *args[5:],
+        *PATH,
+    ]
     for affinity_grad in (True, False):
         result = torch.library.opcheck(
             torch.ops.neuron_qwen3.blockwise_moe_experts_backward.default, [*grad_args, affinity_grad]
@@ -358,7 +385,7 @@ def test_op_checkpoints_are_the_kernel_layout():
     assert down_act.shape == (num_blocks, block_size, hidden_states.shape[1])
     for n in range(num_blocks):
         e = int(b2e[n])
-        x = hidden_states[tp2id[n * block_size:(n + 1) * block_size].long()]
+        x = hidden_states[tp2id[n * block_size : (n + 1) * block_size].long()]
         torch.testing.assert_close(gate_up_act_T[n, 0].T, x @ w1[e].T)
         torch.testing.assert_close(gate_up_act_T[n, 1].T, x @ w3[e].T)
         h = torch.nn.functional.silu(x @ w1[e].T) * (x @ w3[e].T)

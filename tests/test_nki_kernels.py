@@ -46,8 +46,10 @@ def titan_in_fp32(monkeypatch):
 # ---- the kernels' shape limits -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("hidden, inter, block, lnc", [(2048, 768, 256, 2), (2048, 768, 256, 1), (2048, 768, 1024, 2),
-                                                      (512, 64, 256, 2), (8192, 16384, 512, 1)])
+@pytest.mark.parametrize(
+    "hidden, inter, block, lnc",
+    [(2048, 768, 256, 2), (2048, 768, 256, 1), (2048, 768, 1024, 2), (512, 64, 256, 2), (8192, 16384, 512, 1)],
+)
 def test_shapes_both_kernels_take(hidden, inter, block, lnc):
     nki_kernels.check_kernel_shapes(hidden, inter, block, lnc)  # Qwen3-30B-A3B, the smoke MoE, the range ends
 
@@ -59,11 +61,23 @@ LIMIT_CASES = [
     ("fwd H above 8192", 8704, 768, 256, 2, ["hidden dim H from 512 to 8192"]),
     ("fwd H below 512", 256, 768, 256, 1, ["hidden dim H from 512 to 8192", "hidden dim H a multiple of 512"]),
     ("fwd H multiple of 512", 2112, 768, 256, 2, ["hidden dim H a multiple of 512"]),
-    ("fwd I multiple of 16", 2048, 760, 256, 1, ["expert hidden dim I a multiple of 16",
-                                                  "expert hidden dim I per logical core (I / LNC) a multiple of 32"]),
+    (
+        "fwd I multiple of 16",
+        2048,
+        760,
+        256,
+        1,
+        ["expert hidden dim I a multiple of 16", "expert hidden dim I per logical core (I / LNC) a multiple of 32"],
+    ),
     ("bwd block sizes", 2048, 768, 768, 2, ["block size B one of 128, 256, 512, 1024"]),
-    ("bwd H per core", 2080, 768, 256, 2, ["hidden dim H a multiple of 512",
-                                           "hidden dim H per logical core (H / LNC) a multiple of 32"]),
+    (
+        "bwd H per core",
+        2080,
+        768,
+        256,
+        2,
+        ["hidden dim H a multiple of 512", "hidden dim H per logical core (H / LNC) a multiple of 32"],
+    ),
     ("bwd I per core", 2048, 784, 256, 2, ["expert hidden dim I per logical core (I / LNC) a multiple of 32"]),
 ]
 
@@ -114,8 +128,11 @@ def test_nki_moe_configs_fit_the_kernels(name, lnc):
 
 
 def test_kernel_path_selection():
-    for value, on_cpu, on_neuron in [("nki", "nki", "nki"), ("reference", "reference", "reference"),
-                                     ("auto", "reference", "nki")]:
+    for value, on_cpu, on_neuron in [
+        ("nki", "nki", "nki"),
+        ("reference", "reference", "reference"),
+        ("auto", "reference", "nki"),
+    ]:
         assert (experts.kernel_path(value, "cpu"), experts.kernel_path(value, "neuron")) == (on_cpu, on_neuron)
     with pytest.raises(ValueError, match="kernel must be one of auto, nki, reference, got 'NKI'"):
         NKIGroupedExperts(NKIGroupedExperts.Config(dim=8, hidden_dim=8, num_experts=2, kernel="NKI"))
@@ -130,8 +147,9 @@ def test_the_runs_neuron_settings_reach_the_experts_override():
     config = config_registry.nki_moe_qwen3_bench_cpu()
     config.neuron.moe_kernel, config.neuron.logical_nc_config = "reference", 1
     finish.configure_nki_experts(config.override, config.neuron)
-    assert config.override.imports == [(finish.NKI_EXPERTS, {"kernel": "reference", "logical_nc_config": 1,
-                                                              "compute_dtype": "float32"})]
+    assert config.override.imports == [
+        (finish.NKI_EXPERTS, {"kernel": "reference", "logical_nc_config": 1, "compute_dtype": "float32"})
+    ]
     plain = config_registry.native_qwen3_smoke()
     finish.configure_nki_experts(plain.override, plain.neuron)
     assert plain.override.imports == []
@@ -181,14 +199,21 @@ def test_forcing_nki_without_neuron_raises_a_clear_import_error(monkeypatch):
 # ---- the NKI path with stand-in Neuron packages ------------------------------------------------
 
 
-def stand_in_moe_cte(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
-                     token_position_to_id, block_to_expert, block_size):
+def stand_in_moe_cte(
+    hidden_states,
+    expert_affinities_masked,
+    gate_up_proj_weight,
+    down_proj_weight,
+    token_position_to_id,
+    block_to_expert,
+    block_size,
+):
     """moe_cte's documented contract (shard_on_i, checkpoints, POST_SCALE), block by block, packed weights."""
     num_experts = gate_up_proj_weight.shape[0]
     out = torch.zeros_like(hidden_states)
     gate_up_act_T, down_act = [], []
     for n in range(block_to_expert.shape[0]):
-        e, tokens = int(block_to_expert[n]), token_position_to_id[n * block_size:(n + 1) * block_size].long()
+        e, tokens = int(block_to_expert[n]), token_position_to_id[n * block_size : (n + 1) * block_size].long()
         x = hidden_states[tokens]
         gate, up = x @ gate_up_proj_weight[e, :, 0], x @ gate_up_proj_weight[e, :, 1]
         gate_up_act_T.append(torch.stack([gate.T, up.T]))
@@ -200,10 +225,12 @@ def stand_in_moe_cte(hidden_states, expert_affinities_masked, gate_up_proj_weigh
 
 def stand_in_neuron_packages(calls: list) -> dict:
     """torch_neuronx, nki and the two nkilib modules, recording how the seam calls them."""
+
     def jit(mode=None):
         def decorate(fn):
             calls.append(("nki.jit", mode))
             return fn
+
         return decorate
 
     class Launch:
@@ -216,39 +243,68 @@ def stand_in_neuron_packages(calls: list) -> dict:
                 assert not args and all(isinstance(v, flat) for v in kwargs.values()), (args, kwargs)
                 calls.append(("grid", self.kernel.__name__, grid))
                 return self.kernel(**kwargs)
+
             return launch
 
     Implementation = enum.Enum("MoECTEImplementation", ["shard_on_block", "shard_on_i"])
     ShardOnIConfig = dataclasses.make_dataclass(
-        "ShardOnIConfig", [("checkpoint_activation", bool, False), ("expert_affinity_multiply_on_I", bool, False)])
+        "ShardOnIConfig", [("checkpoint_activation", bool, False), ("expert_affinity_multiply_on_I", bool, False)]
+    )
     MoECTESpec = dataclasses.make_dataclass(
-        "MoECTESpec", [("implementation", Implementation), ("shard_on_I", ShardOnIConfig, None)])
+        "MoECTESpec", [("implementation", Implementation), ("shard_on_I", ShardOnIConfig, None)]
+    )
 
     def moe_cte(*, spec, **tensors):
         calls.append(("spec", spec))
         assert spec == MoECTESpec(Implementation.shard_on_i, ShardOnIConfig(True, False))
         return stand_in_moe_cte(**tensors)
 
-    def blockwise_mm_bwd(*, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
-                         gate_up_proj_act_checkpoint_T, down_proj_act_checkpoint, token_position_to_id,
-                         block_to_expert, output_hidden_states_grad, block_size):
+    def blockwise_mm_bwd(
+        *,
+        hidden_states,
+        expert_affinities_masked,
+        gate_up_proj_weight,
+        down_proj_weight,
+        gate_up_proj_act_checkpoint_T,
+        down_proj_act_checkpoint,
+        token_position_to_id,
+        block_to_expert,
+        output_hidden_states_grad,
+        block_size,
+    ):
         """blockwise_mm_bwd's contract: grads of moe_cte's [T+1, H] output, in the packed layout."""
+
         def out_of(*inputs):
             return stand_in_moe_cte(*inputs, token_position_to_id, block_to_expert, block_size)[0]
-        _, vjp = torch.func.vjp(out_of, hidden_states, expert_affinities_masked, gate_up_proj_weight,
-                                down_proj_weight)
+
+        _, vjp = torch.func.vjp(out_of, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight)
         return vjp(output_hidden_states_grad)
 
-    modules = {name: types.ModuleType(name) for name in (
-        "torch_neuronx", "nki", "nkilib", "nkilib.core", "nkilib.core.moe", "nkilib.core.moe.moe_cte",
-        "nkilib.experimental", "nkilib.experimental.moe", "nkilib.experimental.moe.bwd",
-        "nkilib.experimental.moe.bwd.blockwise_mm_backward")}
-    modules["torch_neuronx"].nki_op = lambda name, mutates_args: (lambda fn: fn)
+    modules = {
+        name: types.ModuleType(name)
+        for name in (
+            "torch_neuronx",
+            "nki",
+            "nkilib",
+            "nkilib.core",
+            "nkilib.core.moe",
+            "nkilib.core.moe.moe_cte",
+            "nkilib.experimental",
+            "nkilib.experimental.moe",
+            "nkilib.experimental.moe.bwd",
+            "nkilib.experimental.moe.bwd.blockwise_mm_backward",
+        )
+    }
+    modules["torch_neuronx"].nki_op = lambda name, mutates_args: lambda fn: fn
     modules["torch_neuronx"].wrap_nki = Launch
     modules["nki"].jit = jit
     cte = modules["nkilib.core.moe.moe_cte"]
     cte.MoECTEImplementation, cte.MoECTESpec, cte.ShardOnIConfig, cte.moe_cte = (
-        Implementation, MoECTESpec, ShardOnIConfig, moe_cte)
+        Implementation,
+        MoECTESpec,
+        ShardOnIConfig,
+        moe_cte,
+    )
     modules["nkilib.experimental.moe.bwd.blockwise_mm_backward"].blockwise_mm_bwd = blockwise_mm_bwd
     return modules
 
@@ -275,8 +331,15 @@ def test_stand_in_kernel_keeps_moe_ctes_packed_layout():
     x = torch.cat([torch.randn(3, 4, generator=gen), torch.zeros(1, 4)])
     affinities = torch.zeros(8, 1)
     affinities[[0 * 2 + 1, 1 * 2 + 1, 2 * 2 + 1]] = 1  # every token to expert 1
-    out, _, _ = stand_in_moe_cte(x, affinities, pack_gate_up(w1, w3), pack_down(w2),
-                                 torch.tensor([0, 1, 2, 3], dtype=torch.int32), torch.tensor([[1]]), 4)
+    out, _, _ = stand_in_moe_cte(
+        x,
+        affinities,
+        pack_gate_up(w1, w3),
+        pack_down(w2),
+        torch.tensor([0, 1, 2, 3], dtype=torch.int32),
+        torch.tensor([[1]]),
+        4,
+    )
     expected = (torch.nn.functional.silu(x[:3] @ w1[1].T) * (x[:3] @ w3[1].T)) @ w2[1].T
     torch.testing.assert_close(out[:3], expected)
     assert not out[3].any()

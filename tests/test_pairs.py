@@ -20,18 +20,37 @@ import torch
 from qwen_size import SMOKE_TOKENIZER
 
 pytestmark = pytest.mark.training  # imports torchtitan, transformers and TRL
-WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather now",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "Weather now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 RECORDS = {
     "strings": {"prompt": "The sky is", "chosen": " blue.", "rejected": " green."},
-    "conversational": {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"},
-                                  {"role": "assistant", "content": "5"}, {"role": "user", "content": "Paris?"}],
-                       "tools": [WEATHER],
-                       "chosen": [{"role": "assistant", "content": None, "tool_calls": [
-                           {"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]}],
-                       "rejected": [{"role": "assistant", "content": "Sunny, I guess."}]},
-    "implicit": {"chosen": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}],
-                 "rejected": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Stone"}]},
+    "conversational": {
+        "prompt": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "2+3?"},
+            {"role": "assistant", "content": "5"},
+            {"role": "user", "content": "Paris?"},
+        ],
+        "tools": [WEATHER],
+        "chosen": [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}],
+            }
+        ],
+        "rejected": [{"role": "assistant", "content": "Sunny, I guess."}],
+    },
+    "implicit": {
+        "chosen": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}],
+        "rejected": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Stone"}],
+    },
 }
 
 
@@ -77,25 +96,53 @@ def test_a_pair_is_trls_tokens_and_completion(form, encoder, hf_tokenizer):
         assert doc.ids == theirs["prompt_ids"] + theirs[name]
         trained = [label for label in doc.labels if label != IGNORE_INDEX]
         assert trained == theirs[name]  # labels on exactly TRL's completion
-        assert doc.labels[len(theirs["prompt_ids"]) - 1:] == theirs[name]  # where TRL's completion is
+        assert doc.labels[len(theirs["prompt_ids"]) - 1 :] == theirs[name]  # where TRL's completion is
 
 
 BAD = [
     ({"prompt": "a", "chosen": "b"}, None),  # no rejected: not a pair at all
     ({"prompt": "a", "chosen": "b", "rejected": "b"}, "chosen and rejected are the same"),
     ({"chosen": "b", "rejected": "c"}, "prompt is not a string (missing)"),
-    ({"prompt": [{"role": "user", "content": "a"}], "chosen": [{"role": "user", "content": "b"}],
-      "rejected": [{"role": "assistant", "content": "c"}]}, "chosen's answer does not begin with an assistant"),
-    ({"chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
-      "rejected": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "c"}]},
-     "share no prompt"),
-    ({"chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                 {"role": "user", "content": "more"}, {"role": "assistant", "content": "d"}],
-      "rejected": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                   {"role": "user", "content": "less"}, {"role": "assistant", "content": "d"}]},
-     "different prompts: message 3 differs, a user turn in chosen"),
-    ({"prompt": [{"role": "pirate", "content": "a"}], "chosen": [{"role": "assistant", "content": "b"}],
-      "rejected": [{"role": "assistant", "content": "c"}]}, "prompt: message 1: unknown role 'pirate'"),
+    (
+        {
+            "prompt": [{"role": "user", "content": "a"}],
+            "chosen": [{"role": "user", "content": "b"}],
+            "rejected": [{"role": "assistant", "content": "c"}],
+        },
+        "chosen's answer does not begin with an assistant",
+    ),
+    (
+        {
+            "chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+            "rejected": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "c"}],
+        },
+        "share no prompt",
+    ),
+    (
+        {
+            "chosen": [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "more"},
+                {"role": "assistant", "content": "d"},
+            ],
+            "rejected": [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "less"},
+                {"role": "assistant", "content": "d"},
+            ],
+        },
+        "different prompts: message 3 differs, a user turn in chosen",
+    ),
+    (
+        {
+            "prompt": [{"role": "pirate", "content": "a"}],
+            "chosen": [{"role": "assistant", "content": "b"}],
+            "rejected": [{"role": "assistant", "content": "c"}],
+        },
+        "prompt: message 1: unknown role 'pirate'",
+    ),
 ]
 
 
@@ -116,8 +163,9 @@ def test_a_scan_names_the_file_and_line_of_a_bad_pair(tmp_path):
     from neuron_qwen3 import data
 
     path = tmp_path / "pairs.jsonl"
-    path.write_text(json.dumps(RECORDS["strings"]) + "\n" + json.dumps({**RECORDS["strings"], "rejected": " blue."})
-                    + "\n")
+    path.write_text(
+        json.dumps(RECORDS["strings"]) + "\n" + json.dumps({**RECORDS["strings"], "rejected": " blue."}) + "\n"
+    )
     found = data.scan(str(path))
     assert found.kind == "pair"
     assert found.problem == f"{path}:2: chosen and rejected are the same"
@@ -187,7 +235,7 @@ def packed(records, encoder, seq_len=256):
 
     rows = []
     for first in range(0, len(records), 2):
-        docs = [d for r in records[first:first + 2] for d in documents(r, encoder)]
+        docs = [d for r in records[first : first + 2] for d in documents(r, encoder)]
         labels = sum((d.labels for d in docs), [])
         positions = sum((list(range(len(d.labels))) for d in docs), [])
         pad = seq_len - len(labels)
@@ -212,8 +260,11 @@ def our_metrics(records, encoder, policy, reference, beta, kind, sft_weight):
 
     labels = torch.tensor([r[0] for r in rows])
     positions = torch.tensor([r[1] for r in rows])
-    frozen = types.SimpleNamespace(sums=lambda inputs, labels, extra, records: pair_sums(
-        token_logps(logits(reference), labels), labels, extra["positions"])[0])  # as reference.Frozen's
+    frozen = types.SimpleNamespace(
+        sums=lambda inputs, labels, extra, records: pair_sums(
+            token_logps(logits(reference), labels), labels, extra["positions"]
+        )[0]
+    )  # as reference.Frozen's
     loss = Dpo(policy, frozen, beta, kind, sft_weight, accumulation=1)
     with torch.no_grad():
         loss.reference_pass(None, labels, {"positions": positions})
@@ -226,11 +277,24 @@ def trl_metrics(records, tmp_path, policy, reference, beta, loss_types, weights)
     from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
-    args = DPOConfig(output_dir=str(tmp_path / "trl"), beta=beta, loss_type=loss_types, loss_weights=weights,
-                     per_device_train_batch_size=len(records), max_length=None, report_to=[], use_cpu=True,
-                     bf16=False)
-    trainer = DPOTrainer(model=policy, ref_model=reference, args=args, train_dataset=Dataset.from_list(records),
-                         processing_class=AutoTokenizer.from_pretrained(SMOKE_TOKENIZER))
+    args = DPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        beta=beta,
+        loss_type=loss_types,
+        loss_weights=weights,
+        per_device_train_batch_size=len(records),
+        max_length=None,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+    )
+    trainer = DPOTrainer(
+        model=policy,
+        ref_model=reference,
+        args=args,
+        train_dataset=Dataset.from_list(records),
+        processing_class=AutoTokenizer.from_pretrained(SMOKE_TOKENIZER),
+    )
     batch = next(iter(trainer.get_train_dataloader()))
     trainer.model.train()
     with torch.no_grad():
@@ -240,17 +304,32 @@ def trl_metrics(records, tmp_path, policy, reference, beta, loss_types, weights)
 
 @pytest.mark.parametrize("kind,sft_weight", [("sigmoid", 0.0), ("ipo", 0.0), ("sigmoid", 0.5)])
 def test_the_packed_loss_is_trls(kind, sft_weight, encoder, tmp_path):
-    records = [{"prompt": [{"role": "user", "content": question}], "chosen": [{"role": "assistant", "content": good}],
-                "rejected": [{"role": "assistant", "content": bad}]}  # one form: TRL reads a table of one
-               for question, good, bad in (("Is 4 even?", "yes", "no"), ("Name a colour.", "Blue.", "Stone"),
-                                           ("2+3?", "5", "It is six."), ("Capital of France?", "Lyon", "Paris"))]
+    records = [
+        {
+            "prompt": [{"role": "user", "content": question}],
+            "chosen": [{"role": "assistant", "content": good}],
+            "rejected": [{"role": "assistant", "content": bad}],
+        }  # one form: TRL reads a table of one
+        for question, good, bad in (
+            ("Is 4 even?", "yes", "no"),
+            ("Name a colour.", "Blue.", "Stone"),
+            ("2+3?", "5", "It is six."),
+            ("Capital of France?", "Lyon", "Paris"),
+        )
+    ]
     policy, reference = save_dense(tmp_path / "policy", 0), save_dense(tmp_path / "reference", 1)
     beta = 0.3
     ours, means = our_metrics(records, encoder, policy, reference, beta, kind, sft_weight)
     types_, weights = ([kind, "sft"], [1.0, sft_weight]) if sft_weight else ([kind], None)
     theirs, metrics = trl_metrics(records, tmp_path, policy, reference, beta, types_, weights)
     assert ours == pytest.approx(theirs, rel=1e-5)
-    for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-                 "logps/rejected"):
+    for name in (
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/accuracies",
+        "rewards/margins",
+        "logps/chosen",
+        "logps/rejected",
+    ):
         assert means[f"dpo/{name}"] == pytest.approx(metrics[name], rel=1e-5, abs=1e-6), name
     assert means["dpo/pairs"] == len(records)

@@ -38,8 +38,13 @@ def hf_model(folder, parameters=1 << 10, **changes):
 
 
 def loading(source, *flags, config_name="native_qwen3_smoke"):
-    return config("--checkpoint.enable", f"--checkpoint.initial_load_path={source}", "--checkpoint.initial_load_in_hf",
-                  *flags, config=config_name)
+    return config(
+        "--checkpoint.enable",
+        f"--checkpoint.initial_load_path={source}",
+        "--checkpoint.initial_load_in_hf",
+        *flags,
+        config=config_name,
+    )
 
 
 def test_the_smoke_shape_passes(tmp_path):
@@ -50,17 +55,24 @@ def test_the_smoke_shape_passes(tmp_path):
 def test_another_architecture_is_refused(tmp_path):
     parsed = loading(hf_model(tmp_path / "m"), config_name="nki_moe_qwen3_smoke")
     problems, _ = preflight.init_from(parsed, preflight.trained_shape(parsed), None)
-    assert problems == [f"INIT_FROM='{tmp_path / 'm'}' has model_type='qwen3' but the run trains model_type='qwen3_moe'"]
+    assert problems == [
+        f"INIT_FROM='{tmp_path / 'm'}' has model_type='qwen3' but the run trains model_type='qwen3_moe'"
+    ]
 
 
 @pytest.mark.parametrize("config_name", ["native_qwen3_smoke", "v5_qwen3_smoke"])
 def test_a_shape_mismatch_names_the_first_differing_field_and_both_values(tmp_path, config_name):
-    source = hf_model(tmp_path / "m", num_hidden_layers=SMOKE_CONFIG["num_hidden_layers"] + 1,
-                      hidden_size=SMOKE_CONFIG["hidden_size"] * 2)
+    source = hf_model(
+        tmp_path / "m",
+        num_hidden_layers=SMOKE_CONFIG["num_hidden_layers"] + 1,
+        hidden_size=SMOKE_CONFIG["hidden_size"] * 2,
+    )
     parsed = loading(source, config_name=config_name)
     problems, _ = preflight.init_from(parsed, preflight.trained_shape(parsed), None)
-    assert problems == [f"INIT_FROM='{source}' has hidden_size={SMOKE_CONFIG['hidden_size'] * 2} but the run trains "
-                        f"hidden_size={SMOKE_CONFIG['hidden_size']}"]
+    assert problems == [
+        f"INIT_FROM='{source}' has hidden_size={SMOKE_CONFIG['hidden_size'] * 2} but the run trains "
+        f"hidden_size={SMOKE_CONFIG['hidden_size']}"
+    ]
 
 
 @pytest.mark.parametrize("case", ["no folder", "no config", "no weights", "not safetensors"])
@@ -83,17 +95,21 @@ def test_resuming_wins_over_init_from_with_one_notice(tmp_path):
     broken = hf_model(tmp_path / "other", hidden_size=1)
     parsed = loading(broken, f"--checkpoint.folder={tmp_path / 'ckpt'}")
     problems, warnings = preflight.init_from(parsed, preflight.trained_shape(parsed), 5)
-    assert problems == [] and warnings == [f"INIT_FROM is ignored: {tmp_path / 'ckpt'} holds a complete checkpoint "
-                                           "(step 5), and the run resumes from it"]
+    assert problems == [] and warnings == [
+        f"INIT_FROM is ignored: {tmp_path / 'ckpt'} holds a complete checkpoint (step 5), and the run resumes from it"
+    ]
 
 
 def test_export_inside_the_checkpoint_folder_is_refused(tmp_path):
-    inside = config("--checkpoint.enable", f"--checkpoint.folder={tmp_path / 'ckpt'}",
-                    f"--export.dir={tmp_path / 'ckpt' / 'hf'}")
-    assert preflight.export(inside, 10)[0].startswith(f"EXPORT_DIR='{tmp_path / 'ckpt' / 'hf'}' is inside "
-                                                      "CHECKPOINT_DIR")
-    beside = config("--checkpoint.enable", f"--checkpoint.folder={tmp_path / 'ckpt'}",
-                    f"--export.dir={tmp_path / 'hf'}")
+    inside = config(
+        "--checkpoint.enable", f"--checkpoint.folder={tmp_path / 'ckpt'}", f"--export.dir={tmp_path / 'ckpt' / 'hf'}"
+    )
+    assert preflight.export(inside, 10)[0].startswith(
+        f"EXPORT_DIR='{tmp_path / 'ckpt' / 'hf'}' is inside CHECKPOINT_DIR"
+    )
+    beside = config(
+        "--checkpoint.enable", f"--checkpoint.folder={tmp_path / 'ckpt'}", f"--export.dir={tmp_path / 'hf'}"
+    )
     assert preflight.export(beside, 10) == []
 
 
@@ -107,15 +123,21 @@ def test_too_little_disk_for_the_export(tmp_path, monkeypatch, dtype, size):
     parsed = config(f"--export.dir={tmp_path / 'out' / 'hf'}", f"--export.dtype={dtype}")
     assert preflight.export(parsed, parameters) == [
         f"EXPORT_DIR='{tmp_path / 'out' / 'hf'}' has {(needed - 1) >> 20} MiB free but the export needs about "
-        f"{needed >> 20} MiB"]
+        f"{needed >> 20} MiB"
+    ]
     assert seen == [str(tmp_path)]  # the nearest existing folder above the export
     monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=needed))
     assert preflight.export(parsed, parameters) == []
 
 
 def test_the_answer_states_the_model_and_how_it_fits():
-    answer = preflight.run({"args": ["--module", "neuron_qwen3", "--config", "native_qwen3_8b", "--device=neuron"],
-                            "ranks": 8, "print_config": True})
+    answer = preflight.run(
+        {
+            "args": ["--module", "neuron_qwen3", "--config", "native_qwen3_8b", "--device=neuron"],
+            "ranks": 8,
+            "print_config": True,
+        }
+    )
     assert answer["problems"] == [] and answer["config"]["report"]["model"] == "Qwen/Qwen3-8B"
     assert answer["model"]["parameters"] == shapes.FLAVORS["8B"].parameters() and not answer["model"]["fits"]
     assert answer["warnings"] == [f"Qwen/Qwen3-8B: {answer['model']['why']}"]
@@ -125,15 +147,26 @@ def test_the_dataset_is_scanned_record_by_record(tmp_path):
     """Multi-turn conversations pass (the old pass refused all but one user and one assistant turn) and are
     counted; a bad record further down is the problem, named by its line; TRAIN_ON's flag parses, a bad value is
     tyro's one line."""
-    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
-             {"role": "assistant", "content": "4"}, {"role": "user", "content": "3+3?"},
-             {"role": "assistant", "content": "6"}]
+    turns = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "3+3?"},
+        {"role": "assistant", "content": "6"},
+    ]
     path = tmp_path / "chat.jsonl"
     path.write_text((json.dumps({"messages": turns}) + "\n") * 2)
 
     def check(*flags):
-        args = ["--module", "neuron_qwen3", "--config", "native_qwen3_smoke", f"--dataloader.source={path}",
-                "--dataloader.field=messages", *flags]
+        args = [
+            "--module",
+            "neuron_qwen3",
+            "--config",
+            "native_qwen3_smoke",
+            f"--dataloader.source={path}",
+            "--dataloader.field=messages",
+            *flags,
+        ]
         return preflight.run({"args": args, "ranks": 1, "check_files": True, "node_rank": 0})
 
     answer = check("--dataloader.train_on=last")
@@ -143,26 +176,45 @@ def test_the_dataset_is_scanned_record_by_record(tmp_path):
     assert check()["problems"] == [f"DATASET: {path}:3: no assistant turn: nothing to train on"]
     assert check("--dataloader.train_on=first")["problems"] == [
         "torchtitan arguments: invalid choice 'first' for argument '--dataloader.train-on'. Expected one of "
-        "('assistant', 'last', 'all')."]
+        "('assistant', 'last', 'all')."
+    ]
 
 
 def test_the_tyro_box_becomes_one_line():
-    text = ("\n Unrecognized options\n " + "-" * 40 + "\n  Unrecognized options: --training.stepz, 3\n  " + "-" * 40
-            + "\n  Perhaps you meant:\n      --training.steps INT\n          How many (default: 10)\n"
-            "      --training.dtype {bfloat16,float32}\n          torch dtype\n")
-    assert preflight.tyro_line(text) == ("Unrecognized options: --training.stepz, 3 (nearest: --training.steps, "
-                                         "--training.dtype)")
+    text = (
+        "\n Unrecognized options\n "
+        + "-" * 40
+        + "\n  Unrecognized options: --training.stepz, 3\n  "
+        + "-" * 40
+        + "\n  Perhaps you meant:\n      --training.steps INT\n          How many (default: 10)\n"
+        "      --training.dtype {bfloat16,float32}\n          torch dtype\n"
+    )
+    assert preflight.tyro_line(text) == (
+        "Unrecognized options: --training.stepz, 3 (nearest: --training.steps, --training.dtype)"
+    )
 
 
 def test_check_runs_the_pass_through_the_launcher(tmp_path):
     """INIT_FROM of another shape: one line from the child, exit 2, nothing started."""
     (tmp_path / "dev" / "shm").mkdir(parents=True)
     source = hf_model(tmp_path / "m", num_hidden_layers=3)
-    result = subprocess.run(launcher_at(tmp_path, "--check"), cwd=REPO, capture_output=True, text=True, timeout=120,
-                            env={"PATH": os.environ["PATH"], "SCALE": "smoke", "INIT_FROM": str(source),
-                                 "OUTPUT_DIR": str(tmp_path / "out"), "CACHE_DIR": str(tmp_path / "cache")})
+    result = subprocess.run(
+        launcher_at(tmp_path, "--check"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PATH": os.environ["PATH"],
+            "SCALE": "smoke",
+            "INIT_FROM": str(source),
+            "OUTPUT_DIR": str(tmp_path / "out"),
+            "CACHE_DIR": str(tmp_path / "cache"),
+        },
+    )
     assert result.returncode == 2 and result.stderr.splitlines() == [
-        f"entrypoint: INIT_FROM='{source}' has num_hidden_layers=3 but the run trains num_hidden_layers=2"]
+        f"entrypoint: INIT_FROM='{source}' has num_hidden_layers=3 but the run trains num_hidden_layers=2"
+    ]
     assert "the launch would stop" in result.stdout
 
 
@@ -204,28 +256,38 @@ def test_lock_parsing(tmp_path):
 
 def test_matching_versions_pass_and_local_labels_are_accepted(tmp_path):
     assert preflight.versions(locks(tmp_path, IMAGE_LOCK, HOST_LOCK), fake_version(INSTALLED), neuron_dlc=False) == (
-        [], [])
+        [],
+        [],
+    )
 
 
-@pytest.mark.parametrize("installed, words", [
-    ({**INSTALLED, "torch": "2.13.0"}, ["torch 2.13.0 is installed", "requirements-torch.lock pins 2.14.1"]),
-    ({**INSTALLED, "transformers": "5.24.0"}, ["transformers 5.24.0", "requirements.lock pins 5.16.0"]),
-    ({"torch": "2.14.1", "transformers": "5.16.0"}, ["torchtitan is not installed", "pins 0.3.0"])])
+@pytest.mark.parametrize(
+    "installed, words",
+    [
+        ({**INSTALLED, "torch": "2.13.0"}, ["torch 2.13.0 is installed", "requirements-torch.lock pins 2.14.1"]),
+        ({**INSTALLED, "transformers": "5.24.0"}, ["transformers 5.24.0", "requirements.lock pins 5.16.0"]),
+        ({"torch": "2.14.1", "transformers": "5.16.0"}, ["torchtitan is not installed", "pins 0.3.0"]),
+    ],
+)
 def test_a_version_off_the_lock_fails(tmp_path, installed, words):
-    problems, warnings = preflight.versions(locks(tmp_path, IMAGE_LOCK, HOST_LOCK), fake_version(installed),
-                                            neuron_dlc=False)
+    problems, warnings = preflight.versions(
+        locks(tmp_path, IMAGE_LOCK, HOST_LOCK), fake_version(installed), neuron_dlc=False
+    )
     assert len(problems) == 1 and not warnings and all(word in problems[0] for word in words), problems
 
 
 def test_on_the_neuron_dlc_the_host_torch_lock_is_not_read(tmp_path):
     installed = {**INSTALLED, "torch": "2.14.0", "torch-neuronx": "2.14.3.1"}
     assert preflight.versions(locks(tmp_path, IMAGE_LOCK, HOST_LOCK), fake_version(installed), neuron_dlc=True) == (
-        [], [])
+        [],
+        [],
+    )
 
 
 def test_a_missing_lock_is_a_warning_and_skips_its_pins(tmp_path):
-    problems, warnings = preflight.versions(locks(tmp_path, None, HOST_LOCK), fake_version({"torch": "2.14.1"}),
-                                            neuron_dlc=False)
+    problems, warnings = preflight.versions(
+        locks(tmp_path, None, HOST_LOCK), fake_version({"torch": "2.14.1"}), neuron_dlc=False
+    )
     assert problems == [] and len(warnings) == 1 and "requirements.lock" in warnings[0]
 
 
@@ -246,7 +308,8 @@ def test_in_an_image_built_with_the_fork_its_recorded_torchtitan_is_the_one_chec
     problems, _ = preflight.versions(tmp_path, fake_version({**fork, "torchtitan": "0.3.0"}), neuron_dlc=True)
     assert [text.split(":")[0] for text in problems] == [
         "torchtitan 0.3.0 is installed but image-build.lock (this image was built with TORCHTITAN=neuron) pins "
-        "0.2.2+neuron.1"]
+        "0.2.2+neuron.1"
+    ]
 
 
 def test_the_bases_torch_neuronx_is_checked_against_the_build_record(tmp_path):
@@ -279,4 +342,5 @@ def test_a_moe_folder_saved_by_transformers_is_read_as_transformers_reads_it(tmp
     assert preflight.init_from(parsed, preflight.trained_shape(parsed), None) == ([], [])
     transformers.Qwen3MoeConfig(**{**shape, "num_experts": 8}).save_pretrained(tmp_path / "moe")
     assert preflight.init_from(parsed, preflight.trained_shape(parsed), None)[0] == [
-        f"INIT_FROM='{tmp_path / 'moe'}' has num_experts=8 but the run trains num_experts=4"]
+        f"INIT_FROM='{tmp_path / 'moe'}' has num_experts=8 but the run trains num_experts=4"
+    ]

@@ -21,7 +21,6 @@ from conftest import ANSI, REPO, STEP_LOSS
 from entrypoint import launch
 
 
-
 # ---- training through the launcher -------------------------------------------------------------
 
 
@@ -39,13 +38,26 @@ def cache(tmp_path_factory):
 
 def launcher_env(tmp, cache, **env):
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_"))}
-    return {**base, "VARIANT": "native", "SCALE": "smoke", "NPROC": "1", "OUTPUT_DIR": str(tmp / "out"),
-            "CACHE_DIR": str(cache), **env}
+    return {
+        **base,
+        "VARIANT": "native",
+        "SCALE": "smoke",
+        "NPROC": "1",
+        "OUTPUT_DIR": str(tmp / "out"),
+        "CACHE_DIR": str(cache),
+        **env,
+    }
 
 
 def start(log, env):
-    return subprocess.Popen([sys.executable, "-m", "entrypoint"], cwd=REPO, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "entrypoint"],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def losses(text):
@@ -75,8 +87,15 @@ def test_two_nodes_on_one_machine_train_together(tmp_path, cache):
     port = str(free_port())
     runs = []
     for rank in (0, 1):
-        env = launcher_env(tmp_path / f"node{rank}", cache, NNODES="2", NODE_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=port, STEPS="4")
+        env = launcher_env(
+            tmp_path / f"node{rank}",
+            cache,
+            NNODES="2",
+            NODE_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            STEPS="4",
+        )
         log = open(tmp_path / f"node{rank}.log", "w")
         runs.append((start(log, env), log))
     try:
@@ -97,8 +116,9 @@ def test_two_nodes_on_one_machine_train_together(tmp_path, cache):
 @pytest.mark.training
 def test_kill_9_of_a_worker_resumes_in_place_with_restarts_allowed(tmp_path, cache):
     ckpt = tmp_path / "ckpt"
-    env = launcher_env(tmp_path, cache, NPROC="2", STEPS="10", CHECKPOINT_DIR=str(ckpt), CHECKPOINT_INTERVAL="3",
-                       MAX_RESTARTS="1")
+    env = launcher_env(
+        tmp_path, cache, NPROC="2", STEPS="10", CHECKPOINT_DIR=str(ckpt), CHECKPOINT_INTERVAL="3", MAX_RESTARTS="1"
+    )
     with open(tmp_path / "run.log", "w") as log:
         process = start(log, env)
         try:
@@ -115,6 +135,6 @@ def test_kill_9_of_a_worker_resumes_in_place_with_restarts_allowed(tmp_path, cac
     assert code == 0, log[-3000:]
     loaded = re.search(rf"Loading the checkpoint from {ckpt}/step-(\d+)\.", log)
     assert loaded and int(loaded[1]) >= 3, log[-3000:]  # the restarted workers found a checkpoint
-    before, after = losses(log[:loaded.start()]), losses(log[loaded.end():])
+    before, after = losses(log[: loaded.start()]), losses(log[loaded.end() :])
     assert [step for step, _ in before][:1] == [1]  # the first attempt, killed after its first checkpoint
     assert [step for step, _ in after] == list(range(int(loaded[1]) + 1, 11))  # resumed there, not at step 1

@@ -44,7 +44,7 @@ def test_the_two_setup_commands_are_what_ci_runs():
 
 def test_the_production_command_parses_and_its_variables_pass_the_contract():
     block = next(block for block in fenced(README) if "docker run" in block)
-    words = shlex.split(block[block.index("docker run"):].replace("\\\n", " "))
+    words = shlex.split(block[block.index("docker run") :].replace("\\\n", " "))
     image = words.index("neuron-qwen3:latest")
     env = dict(words[i + 1].split("=", 1) for i, word in enumerate(words[:image]) if word == "-e")
     assert set(env) <= {var.name for var in VARS}, set(env) - {var.name for var in VARS}

@@ -3,12 +3,11 @@
 Run: .venv/bin/python -m pytest tests/test_recipes.py
 """
 
-import json
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, RECIPES
+from conftest import RECIPES
 
 from entrypoint import contract, plan
 from entrypoint.variants import RECIPE_MODULE, VARIANTS
@@ -26,9 +25,13 @@ def test_article_command_parses_every_config(variant, scale, name):
     assert config.model_spec is not None
     assert config.training.steps == 10
     assert (config.report.variant, config.report.scale.replace("bench_cpu", "bench"), config.report.config) == (
-        variant, scale.replace("bench_cpu", "bench"), name)  # summary.json names them
-    assert type(config).__qualname__ == ("Qwen3TransformersTrainer.Config" if variant == "v5" else
-                                         "Qwen3Trainer.Config")  # config.build() builds the hooked trainer
+        variant,
+        scale.replace("bench_cpu", "bench"),
+        name,
+    )  # summary.json names them
+    assert type(config).__qualname__ == (
+        "Qwen3TransformersTrainer.Config" if variant == "v5" else "Qwen3Trainer.Config"
+    )  # config.build() builds the hooked trainer
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -96,7 +99,12 @@ def test_smoke_models_share_one_architecture():
     assert shapes.of_model_config(hf) == native == shapes.SMOKE
     moe = shapes.of_model_config(config_registry.nki_moe_qwen3_smoke().model_spec.model)
     assert (moe.n_layers, moe.n_heads, moe.n_kv_heads, moe.head_dim, moe.vocab_size) == (
-        native.n_layers, native.n_heads, native.n_kv_heads, native.head_dim, native.vocab_size)
+        native.n_layers,
+        native.n_heads,
+        native.n_kv_heads,
+        native.head_dim,
+        native.vocab_size,
+    )
 
 
 def test_bundled_tokenizer_fits_the_smoke_vocabulary():
@@ -113,8 +121,12 @@ def test_assets_are_small():
     assert size < 4 * 2**20
 
 
-MODEL_RUNS = [(variant, model) for model, flavor in shapes.MODELS.items() for variant in VARIANTS
-              if (variant == "nki_moe") == (shapes.FLAVORS[flavor].family == "moe")]
+MODEL_RUNS = [
+    (variant, model)
+    for model, flavor in shapes.MODELS.items()
+    for variant in VARIANTS
+    if (variant == "nki_moe") == (shapes.FLAVORS[flavor].family == "moe")
+]
 
 
 @pytest.mark.parametrize("variant, model", MODEL_RUNS, ids=[f"{v}-{m}" for v, m in MODEL_RUNS])
@@ -142,12 +154,18 @@ def test_full_scale_on_cpu_computes_in_float32_and_says_so(variant):
     assert ("nki_moe experts" in line) == (variant == "nki_moe")
 
 
-@pytest.mark.parametrize("name, kind, flags", [
-    ("nki_moe_qwen3_30b_a3b", "cuda", ()), ("nki_moe_qwen3_30b_a3b", "neuron", ()),
-    ("nki_moe_qwen3_smoke", "cpu", ()), ("nki_moe_qwen3_bench", "cpu", ()),
-    ("nki_moe_qwen3_30b_a3b", "cpu", ("--no-cpu_float32",)),
-    ("nki_moe_qwen3_30b_a3b", "cpu", ("--report.scale", "")),  # a config of the user's own: no scale
-], ids=["cuda", "neuron", "cpu-smoke", "cpu-bench-for-accelerators", "cpu-opted-out", "cpu-own-config"])
+@pytest.mark.parametrize(
+    "name, kind, flags",
+    [
+        ("nki_moe_qwen3_30b_a3b", "cuda", ()),
+        ("nki_moe_qwen3_30b_a3b", "neuron", ()),
+        ("nki_moe_qwen3_smoke", "cpu", ()),
+        ("nki_moe_qwen3_bench", "cpu", ()),
+        ("nki_moe_qwen3_30b_a3b", "cpu", ("--no-cpu_float32",)),
+        ("nki_moe_qwen3_30b_a3b", "cpu", ("--report.scale", "")),  # a config of the user's own: no scale
+    ],
+    ids=["cuda", "neuron", "cpu-smoke", "cpu-bench-for-accelerators", "cpu-opted-out", "cpu-own-config"],
+)
 def test_the_precision_is_the_configs_own_elsewhere(name, kind, flags):
     config = parsed(name, *flags)
     before = (config.training.mixed_precision_param, list(config.override.imports))

@@ -22,9 +22,15 @@ from test_report_progress import METRICS
 from neuron_qwen3 import config_registry, shapes
 from neuron_qwen3.report import plots, run_report
 
-LOAD = {"layers": [{"tokens": [10, 30, 20, 4], "max_mean": 30 / 16, "entropy": 1.2},
-                   {"tokens": [16, 16, 16, 16], "max_mean": 1.0, "entropy": 1.38}],
-        "aux": 2.1, "z": 3.5, "padding": 0.25}
+LOAD = {
+    "layers": [
+        {"tokens": [10, 30, 20, 4], "max_mean": 30 / 16, "entropy": 1.2},
+        {"tokens": [16, 16, 16, 16], "max_mean": 1.0, "entropy": 1.38},
+    ],
+    "aux": 2.1,
+    "z": 3.5,
+    "padding": 0.25,
+}
 AUX, Z = 0.001, 0.01  # the coefficients of the real run (MOE_AUX_LOSS, MOE_Z_LOSS), and the fake watch's
 NPROC, STEPS = 2, 2
 
@@ -75,10 +81,20 @@ def test_a_dense_run_or_an_interval_without_routing_has_no_moe(tmp_path):
 
 def test_the_summary_names_the_last_intervals_worst_layer():
     worse = {**LOAD, "layers": LOAD["layers"][::-1], "aux": 2.4}
-    records = [{"step": 1, "moe": run_report.moe_record(LOAD)}, {"step": 2, "moe": run_report.moe_record(worse)},
-               {"step": 3}]
-    assert run_report.moe_summary(records) == {"step": 2, "worst_layer": 1, "max_mean": 30 / 16, "entropy": 1.2,
-                                               "block_padding": 0.25, "aux_loss": 2.4, "z_loss": 3.5}
+    records = [
+        {"step": 1, "moe": run_report.moe_record(LOAD)},
+        {"step": 2, "moe": run_report.moe_record(worse)},
+        {"step": 3},
+    ]
+    assert run_report.moe_summary(records) == {
+        "step": 2,
+        "worst_layer": 1,
+        "max_mean": 30 / 16,
+        "entropy": 1.2,
+        "block_padding": 0.25,
+        "aux_loss": 2.4,
+        "z_loss": 3.5,
+    }
 
 
 def test_the_experts_heatmap_is_a_png_of_the_reports_size(tmp_path):
@@ -91,8 +107,9 @@ def test_the_experts_heatmap_is_a_png_of_the_reports_size(tmp_path):
 
 def launch(out, **env):
     env = worker_env(SCALE="smoke", OUTPUT_DIR=str(out), CACHE_DIR=f"{out.parent}/cache", **env)
-    result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + rank_logs(out)
     return out
 
@@ -151,15 +168,24 @@ def test_a_moe_runs_summary_plot_and_tensorboard_have_the_load(runs):
     last = records[-1]["moe"]
     worst = max(range(len(last["layers"])), key=lambda i: last["layers"][i]["max_mean"])
     layer = last["layers"][worst]
-    assert summary["moe"] == {"step": STEPS, "worst_layer": worst, "max_mean": layer["max_mean"],
-                              "entropy": layer["entropy"], "block_padding": last["block_padding"],
-                              "aux_loss": last["aux_loss"], "z_loss": last["z_loss"]}
+    assert summary["moe"] == {
+        "step": STEPS,
+        "worst_layer": worst,
+        "max_mean": layer["max_mean"],
+        "entropy": layer["entropy"],
+        "block_padding": last["block_padding"],
+        "aux_loss": last["aux_loss"],
+        "z_loss": last["z_loss"],
+    }
     assert png_size(runs[0] / "report" / "experts.png") == (800, 450)
     scalars = tb_scalars(runs[0])
     for record in records:
         moe, step = record["moe"], record["step"]
-        expected = {"moe/aux_loss": moe["aux_loss"], "moe/z_loss": moe["z_loss"],
-                    "moe/block_padding": moe["block_padding"]}
+        expected = {
+            "moe/aux_loss": moe["aux_loss"],
+            "moe/z_loss": moe["z_loss"],
+            "moe/block_padding": moe["block_padding"],
+        }
         for i, layer in enumerate(moe["layers"]):
             expected |= {f"moe/layer{i}/max_mean": layer["max_mean"], f"moe/layer{i}/entropy": layer["entropy"]}
         assert {tag: scalars[tag][step] for tag in expected} == pytest.approx(expected, rel=1e-6)  # float32 there

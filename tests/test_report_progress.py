@@ -14,9 +14,16 @@ class Clock:
         return self.now
 
 
-METRICS = {"loss_metrics/global_avg_loss": 2.5, "grad_norm": 1.0, "lr/0": 1e-4, "throughput(tps)": 1234.5,
-           "time_metrics/end_to_end(s)": 3.0, "time_metrics/data_loading(s)": 0.1, "tflops": 1.0,
-           "memory/max_reserved(GiB)": 1.0}
+METRICS = {
+    "loss_metrics/global_avg_loss": 2.5,
+    "grad_norm": 1.0,
+    "lr/0": 1e-4,
+    "throughput(tps)": 1234.5,
+    "time_metrics/end_to_end(s)": 3.0,
+    "time_metrics/data_loading(s)": 0.1,
+    "tflops": 1.0,
+    "memory/max_reserved(GiB)": 1.0,
+}
 
 
 def test_the_first_step_at_once_then_at_most_one_line_per_interval(tmp_path, caplog):
@@ -29,8 +36,10 @@ def test_the_first_step_at_once_then_at_most_one_line_per_interval(tmp_path, cap
         clock.now = 70
         backend.log(METRICS, 50)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress:")]
-    assert lines == ["progress: step 1/100  1,234 tokens/s  loss 2.5000  ETA 4m57s",
-                     "progress: step 50/100  1,234 tokens/s  loss 2.5000  ETA 2m30s"]
+    assert lines == [
+        "progress: step 1/100  1,234 tokens/s  loss 2.5000  ETA 4m57s",
+        "progress: step 50/100  1,234 tokens/s  loss 2.5000  ETA 2m30s",
+    ]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 50  # every step is recorded
 
 

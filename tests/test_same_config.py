@@ -10,8 +10,9 @@ from neuron_qwen3.run import same_config
 
 
 def parsed(*flags, config="native_qwen3_smoke"):
-    return same_config.fields(ConfigManager().parse_args(["--module", "neuron_qwen3", "--config", config, *flags])
-                              .to_dict())
+    return same_config.fields(
+        ConfigManager().parse_args(["--module", "neuron_qwen3", "--config", config, *flags]).to_dict()
+    )
 
 
 def test_two_processes_parsing_the_same_flags_agree():
@@ -22,8 +23,10 @@ def test_two_processes_parsing_the_same_flags_agree():
 
 
 def test_the_first_differing_field_is_named():
-    assert same_config.first_difference(parsed("--training.steps", "8"), parsed("--training.steps", "9")) == \
-        "training.steps"
+    assert (
+        same_config.first_difference(parsed("--training.steps", "8"), parsed("--training.steps", "9"))
+        == "training.steps"
+    )
     # VARIANT picks another config function: its report section names the variant first
     assert same_config.first_difference(parsed(), parsed(config="nki_moe_qwen3_smoke")) == "report.variant"
     layers = parsed("--training.steps", "8")
@@ -31,10 +34,18 @@ def test_the_first_differing_field_is_named():
 
 
 def test_this_nodes_own_paths_and_launch_time_may_differ_and_shared_ones_may_not():
-    here = parsed("--dump_folder=/local/a", "--checkpoint.folder=/fsx/run/checkpoint", "--report.launched_at=1.5",
-                  "--dataloader.source=/local/a/data.jsonl")
-    there = parsed("--dump_folder=/local/b", "--checkpoint.folder=/fsx/run/checkpoint", "--report.launched_at=2.5",
-                   "--dataloader.source=/local/b/data.jsonl")
+    here = parsed(
+        "--dump_folder=/local/a",
+        "--checkpoint.folder=/fsx/run/checkpoint",
+        "--report.launched_at=1.5",
+        "--dataloader.source=/local/a/data.jsonl",
+    )
+    there = parsed(
+        "--dump_folder=/local/b",
+        "--checkpoint.folder=/fsx/run/checkpoint",
+        "--report.launched_at=2.5",
+        "--dataloader.source=/local/b/data.jsonl",
+    )
     assert "dump_folder" not in here and same_config.first_difference(here, there) is None
     other = parsed("--dump_folder=/local/b", "--checkpoint.folder=/fsx/other/checkpoint")
     assert same_config.first_difference(here, other) == "checkpoint.folder"

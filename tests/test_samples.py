@@ -31,8 +31,13 @@ FP32 = "--training.mixed_precision_param float32"
 TOKENS = 12
 PROMPTS = [
     {"messages": [{"role": "user", "content": "What is 3 plus 4?"}], "enable_thinking": False},
-    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a river."},
-                  {"role": "assistant", "content": "The Rhine."}]},  # the trailing answer is left out
+    {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Name a river."},
+            {"role": "assistant", "content": "The Rhine."},
+        ]
+    },  # the trailing answer is left out
     {"prompt": "Say three words.", "enable_thinking": True},
 ]
 
@@ -63,15 +68,22 @@ def transformers_ids(folder, row):
     while messages[-1]["role"] == "assistant":
         messages = messages[:-1]
     options = {} if row.get("enable_thinking") is None else {"enable_thinking": row["enable_thinking"]}
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False,
-                                         **options)
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False, **options
+    )
 
 
 def greedy(model, ids, stops, tokens=TOKENS):
     """transformers' greedy answer to `ids`: the new tokens, the stop token kept."""
-    out = model.generate(torch.tensor([ids]), max_new_tokens=tokens, do_sample=False, eos_token_id=sorted(stops),
-                         pad_token_id=0, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-    return out[0, len(ids):].tolist()
+    out = model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=tokens,
+        do_sample=False,
+        eos_token_id=sorted(stops),
+        pad_token_id=0,
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+    )
+    return out[0, len(ids) :].tolist()
 
 
 def test_the_prompts_are_transformers_generation_prompts(tmp_path):
@@ -84,12 +96,15 @@ def test_the_prompts_are_transformers_generation_prompts(tmp_path):
     assert [p.thinking for p in found] == [False, None, True] and found[1].origin == f"{path}:2"
 
 
-@pytest.mark.parametrize("row, says", [
-    ({"messages": [{"role": "system", "content": "Be brief."}]}, "no user or tool turn to answer"),
-    ({"messages": [{"role": "user", "content": "Hi"}], "enable_thinking": "yes"}, "enable_thinking is not true"),
-    ({"messages": [{"role": "user", "content": "word " * 300}]}, "prompt tokens; the window leaves 200"),
-    ({"text": "plain"}, "DATASET_FIELD='messages'"),
-])
+@pytest.mark.parametrize(
+    "row, says",
+    [
+        ({"messages": [{"role": "system", "content": "Be brief."}]}, "no user or tool turn to answer"),
+        ({"messages": [{"role": "user", "content": "Hi"}], "enable_thinking": "yes"}, "enable_thinking is not true"),
+        ({"messages": [{"role": "user", "content": "word " * 300}]}, "prompt tokens; the window leaves 200"),
+        ({"text": "plain"}, "DATASET_FIELD='messages'"),
+    ],
+)
 def test_a_bad_prompt_is_one_line_with_its_line(tmp_path, row, says):
     from neuron_qwen3.data import DataError
     from neuron_qwen3.report import samples
@@ -124,7 +139,7 @@ def test_greedy_windows_are_transformers_generate():
         for row in range(tokens.shape[0]):
             starts = (positions[row] == 0).nonzero().flatten().tolist() + [tokens.shape[1]]
             for a, b in zip(starts, starts[1:]):
-                logits[row, a:b] = model(input_ids=tokens[row:row + 1, a:b]).logits[0]
+                logits[row, a:b] = model(input_ids=tokens[row : row + 1, a:b]).logits[0]
         return logits[at[:, 0], at[:, 1]]
 
     windows = samples.layout(prompts, rows=2, seq_len=48, new_tokens=TOKENS)
@@ -145,13 +160,23 @@ def test_greedy_windows_are_transformers_generate():
 def launch(tmp, name, **env):
     """A smoke launch; without SAMPLE_PROMPTS, the smoke config's own (the bundled prompts)."""
     out = Path(tmp) / f"{name}-out"
-    env = worker_env(**{"SCALE": "smoke", "OUTPUT_DIR": str(out), "CACHE_DIR": f"{tmp}/cache",
-                        "SAMPLE_TOKENS": str(TOKENS), "EXPORT_DTYPE": "float32", "EXPORT_DIR": f"{tmp}/{name}",
-                        "EXTRA_ARGS": FP32, **env})
+    env = worker_env(
+        **{
+            "SCALE": "smoke",
+            "OUTPUT_DIR": str(out),
+            "CACHE_DIR": f"{tmp}/cache",
+            "SAMPLE_TOKENS": str(TOKENS),
+            "EXPORT_DTYPE": "float32",
+            "EXPORT_DIR": f"{tmp}/{name}",
+            "EXTRA_ARGS": FP32,
+            **env,
+        }
+    )
     if not env["SAMPLE_PROMPTS"]:  # worker_env's "" turns them off
         del env["SAMPLE_PROMPTS"]
-    result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True,
-                            timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+    )
     return result, out
 
 
@@ -175,13 +200,29 @@ def runs(tmp):
         return {"moe-first": first, "moe": launch(tmp, "moe", **kept, **common)}
 
     chains = [
-        lambda: {"native": launch(tmp, "native", VARIANT="native", NPROC="2", VALIDATION="0.1",  # bundled prompts
-                                  VALIDATION_INTERVAL="2", **dense, **{**common, "SAMPLE_PROMPTS": ""})},
+        lambda: {
+            "native": launch(
+                tmp,
+                "native",
+                VARIANT="native",
+                NPROC="2",
+                VALIDATION="0.1",  # bundled prompts
+                VALIDATION_INTERVAL="2",
+                **dense,
+                **{**common, "SAMPLE_PROMPTS": ""},
+            )
+        },
         resumed,
-        lambda: {"moe-lora": launch(tmp, "moe-lora", VARIANT="nki_moe", NPROC="2", LORA_RANK="4",
-                                    EXPORT_MERGED="1", **moe, **common)},
-        lambda: {"native-lora": launch(tmp, "native-lora", VARIANT="native", LORA_RANK="4", EXPORT_MERGED="1",
-                                       **dense, **common)},
+        lambda: {
+            "moe-lora": launch(
+                tmp, "moe-lora", VARIANT="nki_moe", NPROC="2", LORA_RANK="4", EXPORT_MERGED="1", **moe, **common
+            )
+        },
+        lambda: {
+            "native-lora": launch(
+                tmp, "native-lora", VARIANT="native", LORA_RANK="4", EXPORT_MERGED="1", **dense, **common
+            )
+        },
         lambda: {"v5": launch(tmp, "v5", VARIANT="v5", **dense, **common)},
         lambda: {"v5-lora": launch(tmp, "v5-lora", VARIANT="v5", LORA_RANK="4", **dense, **common)},
     ]

@@ -47,8 +47,10 @@ STOP_GRACE = int({var.name: var.default for var in contract.VARS}["STOP_GRACE"])
 # nki_moe resumes with LoRA over its experts (its NKI experts' forward and backward in every step); LoRA's
 # checkpoints hold adapters and optimizer only, its base loads from INIT_FROM. One rank: the epochs case below.
 CASES = [("native", 2, False), ("nki_moe", 2, True)]
-LORA = {"native": {"LORA_RANK": "4"},
-        "nki_moe": {"LORA_RANK": "4", "LORA_TARGETS": "q_proj,v_proj,experts.gate_up_proj,experts.down_proj"}}
+LORA = {
+    "native": {"LORA_RANK": "4"},
+    "nki_moe": {"LORA_RANK": "4", "LORA_TARGETS": "q_proj,v_proj,experts.gate_up_proj,experts.down_proj"},
+}
 # The MoE router losses, on in every run of the variant's case (baseline, stopped, resumed): part of each step's
 # loss and gradients, so the resume is bitwise with them too. Not Qwen3-MoE's 0.001 default: set, and larger.
 ROUTER_LOSSES = {"nki_moe": {"MOE_AUX_LOSS": "0.01", "MOE_Z_LOSS": "0.001"}}
@@ -73,8 +75,9 @@ def base_model(tmp, variant) -> str:
             config = config_registry.nki_moe_qwen3_smoke()
             config.checkpoint.initial_load_in_hf = True
             weights.hf_compatible(config)
-            model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
-                **weights.native_hf_config(config.model_spec.model, {})))
+            model = transformers.Qwen3MoeForCausalLM(
+                transformers.Qwen3MoeConfig(**weights.native_hf_config(config.model_spec.model, {}))
+            )
         else:
             import json
 
@@ -87,10 +90,19 @@ def base_model(tmp, variant) -> str:
 def env_for(tmp, name, variant, nproc, lora=False):
     case = f"{variant}-{nproc}{'-lora' if lora else ''}-{name}"
     extra = {"INIT_FROM": base_model(tmp, variant), **LORA[variant]} if lora else {}
-    return worker_env(VARIANT=variant, SCALE="smoke", NPROC=str(nproc), STEPS=str(STEPS),
-                      CHECKPOINT_INTERVAL=str(INTERVAL), OUTPUT_DIR=f"{tmp}/{case}/out",
-                      CHECKPOINT_DIR=f"{tmp}/{case}/checkpoint", CACHE_DIR=f"{tmp}/cache",
-                      PREFLIGHT="warn", **extra, **ROUTER_LOSSES.get(variant, {}))
+    return worker_env(
+        VARIANT=variant,
+        SCALE="smoke",
+        NPROC=str(nproc),
+        STEPS=str(STEPS),
+        CHECKPOINT_INTERVAL=str(INTERVAL),
+        OUTPUT_DIR=f"{tmp}/{case}/out",
+        CHECKPOINT_DIR=f"{tmp}/{case}/checkpoint",
+        CACHE_DIR=f"{tmp}/cache",
+        PREFLIGHT="warn",
+        **extra,
+        **ROUTER_LOSSES.get(variant, {}),
+    )
 
 
 class Run(NamedTuple):
@@ -102,8 +114,14 @@ class Run(NamedTuple):
 
 def launch(env, stop_after=None) -> Run:
     """Run the launcher; with `stop_after`, SIGTERM it once that step's loss is logged."""
-    process = subprocess.Popen([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "entrypoint"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines, signalled, below = [], None, []
     try:
         for line in process.stdout:
@@ -203,8 +221,10 @@ def test_a_stop_saves_the_current_step_and_exits_143(tmp, variant, nproc, lora):
     assert case.report["end"] == "stopped" and case.report["steps"] == {"done": k, "planned": STEPS}, case.report
     assert os.path.exists(f"{case.env['OUTPUT_DIR']}/report/loss.png")
     detail = re.search(r"stop: .*", ANSI.sub("", output))[0]
-    print(f"\n{variant} x{nproc}{' LoRA' if lora else ''}: SIGTERM to the launcher -> exit 143 in {took:.2f} s; "
-          f"worker: {detail}")
+    print(
+        f"\n{variant} x{nproc}{' LoRA' if lora else ''}: SIGTERM to the launcher -> exit 143 in {took:.2f} s; "
+        f"worker: {detail}"
+    )
 
 
 @pytest.mark.parametrize("variant, nproc, lora", CASES)
@@ -247,14 +267,38 @@ def test_the_article_command_typed_by_hand_saves_on_sigterm_too(tmp):
     The config's own trainer carries the stop hook, so SIGTERM to torchrun (which forwards it to the workers) still
     ends the run at a step boundary with a complete checkpoint of that step, and the report says `stopped`."""
     folder = f"{tmp}/by-hand"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv_backend", "c10d",
-               "--rdzv_endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", "--local-ranks-filter", "0",
-               "--role", "rank", "--tee", "3", "-m", "torchtitan.train", "--module", "neuron_qwen3",
-               "--config", "native_qwen3_smoke", f"--training.steps={STEPS}", "--checkpoint.enable",
-               f"--checkpoint.folder={folder}/checkpoint", f"--checkpoint.interval={INTERVAL}",
-               f"--dump_folder={folder}/out"]
-    torchrun = subprocess.Popen(command, env=worker_env(), cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        "127.0.0.1:0",
+        "--local-addr",
+        "127.0.0.1",
+        "--local-ranks-filter",
+        "0",
+        "--role",
+        "rank",
+        "--tee",
+        "3",
+        "-m",
+        "torchtitan.train",
+        "--module",
+        "neuron_qwen3",
+        "--config",
+        "native_qwen3_smoke",
+        f"--training.steps={STEPS}",
+        "--checkpoint.enable",
+        f"--checkpoint.folder={folder}/checkpoint",
+        f"--checkpoint.interval={INTERVAL}",
+        f"--dump_folder={folder}/out",
+    ]
+    torchrun = subprocess.Popen(
+        command, env=worker_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     lines = []
     try:
         for line in torchrun.stdout:
@@ -305,13 +349,16 @@ def epoch_runs(tmp):
     data = eleven_windows(tmp)
 
     def env(name):  # an interval beyond the run: the stop's save is the only checkpoint the restart can load
-        found = {**env_for(tmp, f"epochs-{name}", "native", 1), "EPOCHS": str(EPOCHS), "DATASET": data,
-                 "CHECKPOINT_INTERVAL": "100"}
+        found = {
+            **env_for(tmp, f"epochs-{name}", "native", 1),
+            "EPOCHS": str(EPOCHS),
+            "DATASET": data,
+            "CHECKPOINT_INTERVAL": "100",
+        }
         del found["STEPS"]
         return found
 
-    return (launch(env("baseline")), launch(env("stopped"), stop_after=EPOCH_SIGNAL_AFTER),
-            launch(env("stopped")))
+    return (launch(env("baseline")), launch(env("stopped"), stop_after=EPOCH_SIGNAL_AFTER), launch(env("stopped")))
 
 
 def test_a_stop_in_the_middle_of_epoch_2_resumes_there_with_the_same_losses(tmp):

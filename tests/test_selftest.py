@@ -23,8 +23,9 @@ from neuron_qwen3.moe import nki_kernels
 
 def test_off_neuron_the_launcher_says_so_and_exits_2(tmp_path):
     (tmp_path / "dev").mkdir()
-    result = subprocess.run(launcher_at(tmp_path, "--self-test"), env=os.environ, cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        launcher_at(tmp_path, "--self-test"), env=os.environ, cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2, result.stderr
     assert result.stdout.splitlines() == [result.stdout.strip()] and "this is not a Trainium host" in result.stdout
     assert "torch" not in result.stderr
@@ -50,15 +51,18 @@ def test_one_line_per_check_and_the_first_failure_stops(capsys):
 
     checks = [("first", lambda: "fine"), ("second", broken), ("third", lambda: ran.append("third"))]
     assert selftest.run_checks(checks) == 1
-    assert capsys.readouterr().out.splitlines() == ["self-test: PASS first: fine",
-                                                    "self-test: FAIL second: error 3.0e-01 (tolerance 0.01)"]
+    assert capsys.readouterr().out.splitlines() == [
+        "self-test: PASS first: fine",
+        "self-test: FAIL second: error 3.0e-01 (tolerance 0.01)",
+    ]
     assert ran == ["broken"]
     assert selftest.run_checks([("a", lambda: "x"), ("b", lambda: "y")]) == 0
 
 
 def test_off_neuron_the_child_fails_at_the_runtime_with_one_line():
-    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.prelaunch.selftest"], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "neuron_qwen3.prelaunch.selftest"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 1
     [line] = result.stdout.splitlines()
     assert line.startswith("self-test: FAIL runtime: torch_neuronx is not importable"), line

@@ -50,10 +50,13 @@ def test_every_listed_model_runs_its_flavors_config_function(model):
         family = "moe" if variant.name == "nki_moe" else "dense"
         if shapes.FLAVORS[flavor].family != family:  # the pre-launch pass names the family in one line
             assert built is None
-            line = preflight.missing_config(f"Config function '{p.config}' not found", {"model": model,
-                                                                                       "variant": variant.name})
-            assert line.startswith(f"MODEL='{model}' is a {shapes.FLAVORS[flavor].family} Qwen3 and "
-                                   f"VARIANT={variant.name} trains the other family (allowed: ")
+            line = preflight.missing_config(
+                f"Config function '{p.config}' not found", {"model": model, "variant": variant.name}
+            )
+            assert line.startswith(
+                f"MODEL='{model}' is a {shapes.FLAVORS[flavor].family} Qwen3 and "
+                f"VARIANT={variant.name} trains the other family (allowed: "
+            )
             continue
         config = built()
         assert (config.report.variant, config.report.scale, config.report.config) == (variant.name, "full", p.config)
@@ -64,8 +67,9 @@ def test_every_listed_model_runs_its_flavors_config_function(model):
 
 
 def test_a_qwen3_that_was_never_released_is_named():
-    line = preflight.missing_config("Config function 'native_qwen3_9b' not found",
-                                    {"model": "Qwen/Qwen3-9B", "variant": "native"})
+    line = preflight.missing_config(
+        "Config function 'native_qwen3_9b' not found", {"model": "Qwen/Qwen3-9B", "variant": "native"}
+    )
     assert line.startswith("MODEL='Qwen/Qwen3-9B' is not a released Qwen3 (allowed: Qwen/Qwen3-0.6B, ")
 
 
@@ -78,7 +82,7 @@ def test_model_at_smoke_scale_and_with_config_are_refused():
 
 def test_config_and_module_replace_the_variants_choice():
     p = build({"CONFIG": "my_run", "MODULE": "my_recipes"})
-    assert p.argv[p.argv.index("--module") + 1:][:3] == ("my_recipes", "--config", "my_run")
+    assert p.argv[p.argv.index("--module") + 1 :][:3] == ("my_recipes", "--config", "my_run")
     assert (p.model, p.assets) == (None, None)
     with pytest.raises(contract.UsageError, match="MODULE='my-recipes' is not a Python module name"):
         contract.parse({"MODULE": "my-recipes"})
@@ -89,12 +93,14 @@ def test_the_bundled_model_configs_are_the_records(tmp_path):
     spec = importlib.util.spec_from_file_location("make_assets", config_registry.ASSETS / "make_assets.py")
     make_assets = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make_assets)
-    committed = {name: json.loads((config_registry.ASSETS / name / "config.json").read_text())
-                 for name in make_assets.HF_CONFIGS}
+    committed = {
+        name: json.loads((config_registry.ASSETS / name / "config.json").read_text()) for name in make_assets.HF_CONFIGS
+    }
     make_assets.write_hf_configs(committed["hf_qwen3_tiny"]["eos_token_id"], tmp_path)
     assert {name: json.loads((tmp_path / name / "config.json").read_text()) for name in committed} == committed
     assert {str(path) for path in config_registry.HF_MODEL.values()} == {
-        str(config_registry.ASSETS / name) for name in make_assets.HF_CONFIGS}
+        str(config_registry.ASSETS / name) for name in make_assets.HF_CONFIGS
+    }
 
 
 def test_how_it_fits_is_said_and_judged():

@@ -39,11 +39,20 @@ SLURMD_TIMEOUT = 30  # above the bound: the survivor ends by itself before Slurm
 SBATCH = str(REPO / "deploy" / "slurm" / "train.sbatch")
 # warn: this host's nofile limit is below the production one. Export shards of 1 MB: the smoke model's 1.3 MB
 # make two files and an index (train.sbatch exports to OUTPUT_DIR/hf).
-RUN = {"VARIANT": "native", "SCALE": "smoke", "STEPS": str(STEPS), "CHECKPOINT_INTERVAL": str(INTERVAL),
-       "OMP_NUM_THREADS": "1", "PREFLIGHT": "warn", "EXPORT_MAX_SHARD_MB": "1"}
+RUN = {
+    "VARIANT": "native",
+    "SCALE": "smoke",
+    "STEPS": str(STEPS),
+    "CHECKPOINT_INTERVAL": str(INTERVAL),
+    "OMP_NUM_THREADS": "1",
+    "PREFLIGHT": "warn",
+    "EXPORT_MAX_SHARD_MB": "1",
+}
 STOPPED = re.compile(r"stop: SIGTERM at step (\d+): ")
-REFUSED = re.compile(r"config differs between ranks: (\S+) is (\S+) on rank 0 \((\S+)\) and (\S+) on rank 1 "
-                     r"\((\S+)\): start every node with the same settings")
+REFUSED = re.compile(
+    r"config differs between ranks: (\S+) is (\S+) on rank 0 \((\S+)\) and (\S+) on rank 1 "
+    r"\((\S+)\): start every node with the same settings"
+)
 
 
 def losses(text) -> dict:
@@ -85,10 +94,17 @@ def baseline(tmp_path_factory) -> OneNode:
     """One node with two processes: the global batch of two nodes with one each, the same seed."""
     tmp = tmp_path_factory.mktemp("one-node")
     env = {name: value for name, value in os.environ.items() if not name.startswith(("SLURM_", "PET_"))}
-    env.update(RUN, NPROC="2", OUTPUT_DIR=str(tmp / "out"), CHECKPOINT_DIR=str(tmp / "checkpoint"),
-               CACHE_DIR=str(tmp / "cache"), EXPORT_DIR=str(tmp / "hf"))
-    done = subprocess.run([sys.executable, "-m", "entrypoint"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    env.update(
+        RUN,
+        NPROC="2",
+        OUTPUT_DIR=str(tmp / "out"),
+        CHECKPOINT_DIR=str(tmp / "checkpoint"),
+        CACHE_DIR=str(tmp / "cache"),
+        EXPORT_DIR=str(tmp / "hf"),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "entrypoint"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
     text = ANSI.sub("", done.stdout + done.stderr)
     assert done.returncode == 0, text[-3000:]
     found = {step: values[0] for step, values in losses(text).items()}
@@ -101,12 +117,23 @@ class Job:
 
     def __init__(self, cluster, name, **env):
         self.cluster, self.out = cluster, cluster.tmp / f"{name}.out"
-        env = {**cluster.env, **RUN, "IMAGE": "", "NEURON_QWEN3_HOME": str(REPO), "PYTHON": sys.executable,
-               "SHARED": str(cluster.tmp / "shared"), "CACHE_DIR": str(cluster.tmp / "cache"), "NPROC": "1",
-               "STOP_GRACE": "60", "PEER_TIMEOUT": str(PEER_TIMEOUT), **env}
+        env = {
+            **cluster.env,
+            **RUN,
+            "IMAGE": "",
+            "NEURON_QWEN3_HOME": str(REPO),
+            "PYTHON": sys.executable,
+            "SHARED": str(cluster.tmp / "shared"),
+            "CACHE_DIR": str(cluster.tmp / "cache"),
+            "NPROC": "1",
+            "STOP_GRACE": "60",
+            "PEER_TIMEOUT": str(PEER_TIMEOUT),
+            **env,
+        }
         cluster.wait_idle()
-        submitted = cluster.slurm("sbatch", "--parsable", "--nodes=2", "--open-mode=append", f"--output={self.out}",
-                                  SBATCH, env=env)
+        submitted = cluster.slurm(
+            "sbatch", "--parsable", "--nodes=2", "--open-mode=append", f"--output={self.out}", SBATCH, env=env
+        )
         self.id = submitted.stdout.strip().split(";")[0]
         self.checkpoint = cluster.tmp / "shared" / "outputs" / f"qwen3-{self.id}" / "checkpoint"
 
@@ -163,7 +190,7 @@ def worker_ranks(cluster, job) -> dict:
                         environ = open(f"/proc/{pid}/environ").read().split("\0")
                     except OSError:
                         continue
-                    ranks.update({node: int(v[5:]) for v in environ if v.startswith("RANK=")})
+                    ranks.update((node, int(v[5:])) for v in environ if v.startswith("RANK="))
         return len(ranks) == 2 or job.ended()
 
     job.wait(found, "a worker on each node")
@@ -173,12 +200,16 @@ def worker_ranks(cluster, job) -> dict:
 def complete(folder, ranks=(0, 1)) -> bool:
     """A DCP checkpoint of every rank (one shard file each) whose .metadata is written and its byte ranges there."""
     broken = {name for name, _, _ in checkpoints.scan(folder.parent).broken}
-    return (folder / ".metadata").exists() and all((folder / f"__{rank}_0.distcp").exists() for rank in ranks) \
+    return (
+        (folder / ".metadata").exists()
+        and all((folder / f"__{rank}_0.distcp").exists() for rank in ranks)
         and folder.name not in broken
+    )
 
 
 def test_two_nodes_train_as_one_world_and_scancel_term_stops_both_at_one_step_and_the_requeue_resumes_there(
-        cluster, baseline):
+    cluster, baseline
+):
     """One world of two ranks, one per node, with the losses of one node with two processes; `scancel
     --signal=TERM` stops both at one step with one checkpoint; the requeued job resumes there on both nodes and
     exports the model, node 1's shards gathered over the network to node 0, which writes (another node's disk need
@@ -201,12 +232,14 @@ def test_two_nodes_train_as_one_world_and_scancel_term_stops_both_at_one_step_an
     finally:
         job.end()
     # both nodes' output, in chunks as srun received them: match within lines, not at starts
-    launch = f"torch.distributed.run --nproc_per_node=1 --nnodes=2 --rdzv_backend c10d --rdzv_endpoint nq23n1:29500 " \
-             f"--rdzv_id {job.id} --rdzv_conf is_host="
+    launch = (
+        f"torch.distributed.run --nproc_per_node=1 --nnodes=2 --rdzv_backend c10d --rdzv_endpoint nq23n1:29500 "
+        f"--rdzv_id {job.id} --rdzv_conf is_host="
+    )
     assert first.count(launch) == 2, job.explain()  # one launcher per node, meeting at the first node's address
     assert sorted(ranks.values()) == [0, 1], ranks  # one world of two ranks, one on each node
     assert first.count("dp_shard=2") == 2
-    second = job.text()[len(first):]
+    second = job.text()[len(first) :]
     assert second.count(f"Training starts at step {k + 1}") == 2, second[-3000:]
     assert losses(first) == on_both_nodes(baseline, range(1, k + 1))  # step for step, as printed
     assert losses(second) == on_both_nodes(baseline, range(k + 1, STEPS + 1))  # the uninterrupted run's losses
@@ -216,10 +249,13 @@ def test_two_nodes_train_as_one_world_and_scancel_term_stops_both_at_one_step_an
     ours, one_node = folder_tensors(exported), folder_tensors(baseline.export)
     assert len(ours) > 10 and ours.keys() == one_node.keys()
     assert all(torch.equal(ours[name], one_node[name]) for name in ours)
-    assert (exported / "model.safetensors.index.json").read_text() == \
-        (baseline.export / "model.safetensors.index.json").read_text()
-    print(f"\ntwo nodes: ranks {ranks}; stop: both nodes saved step {k}, exit 143, requeued, resumed at {k + 1} on "
-          f"both, finished at {STEPS} with the losses of one node with two processes and its export")
+    assert (exported / "model.safetensors.index.json").read_text() == (
+        baseline.export / "model.safetensors.index.json"
+    ).read_text()
+    print(
+        f"\ntwo nodes: ranks {ranks}; stop: both nodes saved step {k}, exit 143, requeued, resumed at {k + 1} on "
+        f"both, finished at {STEPS} with the losses of one node with two processes and its export"
+    )
 
 
 def test_a_node_started_with_another_setting_is_refused_in_one_line_naming_it(cluster):
@@ -237,8 +273,10 @@ def test_a_node_started_with_another_setting_is_refused_in_one_line_naming_it(cl
     refusals = {line.split(" - ERROR - ", 1)[-1] for line in text.splitlines() if "config differs" in line}
     assert len(refusals) == 1, job.explain()  # the same line on both nodes (and on torchrun's retry)
     name, value0, host0, value1, host1 = REFUSED.search(refusals.pop()).groups()
-    assert name == "training.steps" and {(host0, value0), (host1, value1)} == {("nq23n1", str(STEPS)),
-                                                                           ("nq23n2", str(STEPS + 1))}
+    assert name == "training.steps" and {(host0, value0), (host1, value1)} == {
+        ("nq23n1", str(STEPS)),
+        ("nq23n2", str(STEPS + 1)),
+    }
     assert not losses(text) and "exitcode  : 2" in text  # the workers exit 2 before the first step
     print(f"\nmismatch under Slurm: refused in {took:.0f} s from submission: {name} {value0} vs {value1}")
 
@@ -253,8 +291,9 @@ def test_node_0_lost_ends_the_other_within_peer_timeout_and_the_requeued_job_res
     try:
         ranks = worker_ranks(cluster, job)
         job.wait(lambda: job.at_step(3), "step 3")
-        launcher = next(pid for pid, command in processes(cluster, "nq23n2").items()
-                        if command.split()[1:3] == ["-m", "entrypoint"])  # not the script's bash wrapper around it
+        launcher = next(
+            pid for pid, command in processes(cluster, "nq23n2").items() if command.split()[1:3] == ["-m", "entrypoint"]
+        )  # not the script's bash wrapper around it
         lost_at = time.monotonic()
         cluster.lose("nq23n1")
         while alive(launcher) and time.monotonic() - lost_at < PEER_TIMEOUT + 120:
@@ -281,15 +320,22 @@ def test_node_0_lost_ends_the_other_within_peer_timeout_and_the_requeued_job_res
         job.end()
         if "nq23n1" not in cluster.daemons:
             cluster.revive("nq23n1")
-    second = job.text()[len(before):]
-    broken = re.findall(rf"entrypoint: warning: checkpoint {re.escape(str(planted))} is broken "
-                        rf"\({shard.name} has \d+ bytes, \.metadata needs \d+\): (moved to \S+|skipped)", second)
+    second = job.text()[len(before) :]
+    broken = re.findall(
+        rf"entrypoint: warning: checkpoint {re.escape(str(planted))} is broken "
+        rf"\({shard.name} has \d+ bytes, \.metadata needs \d+\): (moved to \S+|skipped)",
+        second,
+    )
     # moved by node 0 only; node 1 reports it `skipped` when it looks before node 0 has moved it
-    assert sorted(broken) in ([f"moved to {job.checkpoint}/incomplete"],
-                              [f"moved to {job.checkpoint}/incomplete", "skipped"]), second[-3000:]
+    assert sorted(broken) in (
+        [f"moved to {job.checkpoint}/incomplete"],
+        [f"moved to {job.checkpoint}/incomplete", "skipped"],
+    ), second[-3000:]
     assert f"entrypoint: checkpoints: resuming from step {newest} in {job.checkpoint}" in second
     assert second.count(f"Loading the checkpoint from {job.checkpoint}/step-{newest}.") == 2  # both nodes
     assert losses(second) == on_both_nodes(baseline, range(newest + 1, STEPS + 1))
-    print(f"\nnode 0 lost at step {last}: nq23n2's launcher ended {took:.1f} s later (PEER_TIMEOUT={PEER_TIMEOUT}); "
-          f"requeued; {planted.name} (a truncated shard of rank {ranks['nq23n2']}) moved aside; resumed from "
-          f"step-{newest} on both nodes; losses equal to the uninterrupted run's")
+    print(
+        f"\nnode 0 lost at step {last}: nq23n2's launcher ended {took:.1f} s later (PEER_TIMEOUT={PEER_TIMEOUT}); "
+        f"requeued; {planted.name} (a truncated shard of rank {ranks['nq23n2']}) moved aside; resumed from "
+        f"step-{newest} on both nodes; losses equal to the uninterrupted run's"
+    )

@@ -40,7 +40,9 @@ def test_lr_schedulers_from_the_old_home_on_an_older_torchtitan(monkeypatch):
 def test_the_image_config_check_builds_every_config_here(capsys):
     assert load_config_check().main() == 0
     configs = {name for variant in VARIANTS.values() for name in variant.configs.values()}
-    assert capsys.readouterr().out.startswith(f"config-check: {len(configs)} config functions build on torchtitan 0.3.0")
+    assert capsys.readouterr().out.startswith(
+        f"config-check: {len(configs)} config functions build on torchtitan 0.3.0"
+    )
 
 
 def test_the_image_config_check_fails_on_a_config_that_does_not_build(monkeypatch, capsys):

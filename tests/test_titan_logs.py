@@ -33,8 +33,10 @@ from neuron_qwen3.report import flops
 A100_LINE = "Peak flops undefined for: cpu, fallback to A100"
 A100_USED = "Peak FLOPS used for computing MFU: 3.120e+14"
 # torchtitan's Trainer.__init__ (trainer.py:539-540): the two lines replayed below, as written there
-TRAINER_PEAK = ("gpu_peak_flops = utils.get_peak_flops(device_memory_monitor.device_name)",
-                'logger.info(f"Peak FLOPS used for computing MFU: {gpu_peak_flops:.3e}")')
+TRAINER_PEAK = (
+    "gpu_peak_flops = utils.get_peak_flops(device_memory_monitor.device_name)",
+    'logger.info(f"Peak FLOPS used for computing MFU: {gpu_peak_flops:.3e}")',
+)
 
 
 @pytest.fixture(autouse=True)
@@ -54,9 +56,16 @@ def messages(caplog) -> list:
 
 def init_from_args(tmp_path) -> list:
     """What the launcher passes a worker for INIT_FROM (entrypoint/plan.py), on the native smoke config."""
-    return ["--module", "neuron_qwen3", "--config", "native_qwen3_smoke", "--checkpoint.enable",
-            f"--checkpoint.initial_load_path={tmp_path}", "--checkpoint.initial_load_in_hf",
-            "--checkpoint.initial_load_model_only"]
+    return [
+        "--module",
+        "neuron_qwen3",
+        "--config",
+        "native_qwen3_smoke",
+        "--checkpoint.enable",
+        f"--checkpoint.initial_load_path={tmp_path}",
+        "--checkpoint.initial_load_in_hf",
+        "--checkpoint.initial_load_model_only",
+    ]
 
 
 # ---- 1. initial_load_model_only -------------------------------------------------------------------------------
@@ -107,8 +116,9 @@ def test_the_replayed_lines_are_torchtitans():
     assert "self.gpu_peak_flops = utils.get_peak_flops(" in inspect.getsource(MetricsProcessor.__init__)
     source = inspect.getsource(Trainer.__init__)
     assert all(line in source for line in TRAINER_PEAK)
-    assert 'logger.warning(f"Peak flops undefined for: {device_name}, fallback to A100")' in \
-        inspect.getsource(utils.get_peak_flops)
+    assert 'logger.warning(f"Peak flops undefined for: {device_name}, fallback to A100")' in inspect.getsource(
+        utils.get_peak_flops
+    )
 
 
 def test_cpu_run_claims_an_a100_peak_unless_installed_by_the_project_trainer(monkeypatch, caplog):
@@ -121,8 +131,10 @@ def test_cpu_run_claims_an_a100_peak_unless_installed_by_the_project_trainer(mon
     lines = peak_lines_on(monkeypatch, "cpu", "cpu", caplog)
     assert A100_LINE not in lines and not [line for line in lines if "3.120e+14" in line]
     said = [line for line in lines if line.startswith(titan_logs.PEAK_USED)]
-    assert said == [f"{titan_logs.PEAK_USED}none (CPU: no agreed peak FLOPS for a host CPU, so no MFU); torchtitan's "
-                    "A100 fallback is not used: its step lines say mfu: N/A, the run report's mfu is null"]
+    assert said == [
+        f"{titan_logs.PEAK_USED}none (CPU: no agreed peak FLOPS for a host CPU, so no MFU); torchtitan's "
+        "A100 fallback is not used: its step lines say mfu: N/A, the run report's mfu is null"
+    ]
     assert filter_.corrected == {A100_LINE: 2, A100_USED: 1}
 
 
@@ -154,8 +166,11 @@ def test_a_known_peak_and_other_records_pass(monkeypatch, caplog):
     logger.info(f"Peak FLOPS used for computing MFU: {989e12:.3e}")  # an H100: no fallback before it
     logger.warning("%s", titan_logs.MODEL_ONLY)  # not torchtitan's (it logs the literal), so not matched
     logger.info(titan_logs.MODEL_ONLY)  # not its level
-    assert messages(caplog) == ["Peak FLOPS used for computing MFU: 9.890e+14", titan_logs.MODEL_ONLY,
-                                titan_logs.MODEL_ONLY]
+    assert messages(caplog) == [
+        "Peak FLOPS used for computing MFU: 9.890e+14",
+        titan_logs.MODEL_ONLY,
+        titan_logs.MODEL_ONLY,
+    ]
 
 
 # ---- the run -------------------------------------------------------------------------------------------------
@@ -175,9 +190,25 @@ def tiny_qwen3(folder):
 def test_an_init_from_cpu_run_prints_none_of_them(tmp_path):
     source = tiny_qwen3(tmp_path / "source")
     args = [*init_from_args(source), "--training.steps", "2", "--dump_folder", str(tmp_path / "out")]
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--rdzv_backend",
-                             "c10d", "--rdzv_endpoint", "localhost:0", str(SCENARIOS / "titan_logs_run.py"), *args],
-                            env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=1",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            "localhost:0",
+            str(SCENARIOS / "titan_logs_run.py"),
+            *args,
+        ],
+        env=worker_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     output = ANSI.sub("", result.stdout + result.stderr)
     assert result.returncode == 0, output[-3000:]
     corrected = json.loads(re.search(r"titan_logs corrected: (.*)", output).group(1))

@@ -28,12 +28,20 @@ def conversation(i):
     """Of different shapes: a system turn, several turns, reasoning, tool calls, some longer than SEQ."""
     messages = [{"role": "system", "content": "Be brief."}] if i % 2 else []
     for t in range(1 + i % 3):
-        messages += [{"role": "user", "content": f"{i} plus {t}? " + "more " * (i % 5) * 12},
-                     {"role": "assistant", "content": f"{i + t}.", **({"reasoning_content": "add"} if t else {})}]
+        messages += [
+            {"role": "user", "content": f"{i} plus {t}? " + "more " * (i % 5) * 12},
+            {"role": "assistant", "content": f"{i + t}.", **({"reasoning_content": "add"} if t else {})},
+        ]
     if i % 4 == 3:
-        messages += [{"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {
-            "name": "lookup", "arguments": {"q": str(i)}}}]}, {"role": "tool", "content": "found"},
-            {"role": "assistant", "content": "done."}]
+        messages += [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"type": "function", "function": {"name": "lookup", "arguments": {"q": str(i)}}}],
+            },
+            {"role": "tool", "content": "found"},
+            {"role": "assistant", "content": "done."},
+        ]
     return {"messages": messages}
 
 
@@ -83,11 +91,18 @@ def windows(source, cache_dir="", field="messages", **config):
 
     from neuron_qwen3 import data
 
-    loader = data.DataLoader.Config(source=str(source), field=field, cache_dir=str(cache_dir), infinite=False,
-                                    **config).build(dp_world_size=1, dp_rank=0, seq_len=SEQ, local_batch_size=1,
-                                                    tokenizer=HuggingFaceTokenizer(tokenizer_path=smoke_tokenizer()))
-    return [(inputs["input"].tolist(), inputs["positions"].tolist(), labels.tolist())
-            for inputs, labels in loader.dataset], loader.stats()
+    loader = data.DataLoader.Config(
+        source=str(source), field=field, cache_dir=str(cache_dir), infinite=False, **config
+    ).build(
+        dp_world_size=1,
+        dp_rank=0,
+        seq_len=SEQ,
+        local_batch_size=1,
+        tokenizer=HuggingFaceTokenizer(tokenizer_path=smoke_tokenizer()),
+    )
+    return [
+        (inputs["input"].tolist(), inputs["positions"].tolist(), labels.tolist()) for inputs, labels in loader.dataset
+    ], loader.stats()
 
 
 def refuse_tokenizing(monkeypatch):
@@ -147,8 +162,9 @@ def test_the_epochs_plan_from_the_cache_is_the_tokenizers(tmp_path, chat, monkey
 
     def config(cache_dir):
         config = config_registry.native_qwen3_smoke()
-        config.dataloader = DataLoader.Config(source=chat, field="messages", epochs=3, cache_dir=str(cache_dir),
-                                              validation="0.1")
+        config.dataloader = DataLoader.Config(
+            source=chat, field="messages", epochs=3, cache_dir=str(cache_dir), validation="0.1"
+        )
         config.training.seq_len = SEQ
         return config
 
@@ -167,10 +183,12 @@ def test_a_cache_cut_short_is_rebuilt_and_a_dead_writers_folder_removed(tmp_path
     dead = subprocess.Popen(["true"])
     dead.wait()
     name = Path(first.folder).name
-    removed = {f"{name}.tmp-{cache.HOST}-{dead.pid}": True,  # a killed writer's, on this host
-               f"{name}.tmp-{cache.HOST}-{os.getppid()}": False,  # a live one's
-               f"{name}.tmp-elsewhere-1": False,  # another host's, recent
-               f"other.tmp-elsewhere-2": True}  # another host's, a day old
+    removed = {
+        f"{name}.tmp-{cache.HOST}-{dead.pid}": True,  # a killed writer's, on this host
+        f"{name}.tmp-{cache.HOST}-{os.getppid()}": False,  # a live one's
+        f"{name}.tmp-elsewhere-1": False,  # another host's, recent
+        "other.tmp-elsewhere-2": True,
+    }  # another host's, a day old
     for tmp in removed:
         shutil.copytree(first.folder, folder / tmp)
         (folder / tmp / cache.DONE).unlink()  # cut short: no marker
@@ -195,8 +213,9 @@ def test_a_lost_rename_discards_its_own_copy(tmp_path, chat):
 
     first = prepare(tmp_path / "cache", chat)
     cache.build(first.folder, chat, "messages", "assistant", smoke_tokenizer())  # as if its lock had not held
-    assert sorted(os.listdir(tmp_path / "cache")) == sorted([Path(first.folder).name, Path(first.folder).name
-                                                             + ".lock", "hashes.json", "hashes.json.lock"])
+    assert sorted(os.listdir(tmp_path / "cache")) == sorted(
+        [Path(first.folder).name, Path(first.folder).name + ".lock", "hashes.json", "hashes.json.lock"]
+    )
     assert prepare(tmp_path / "cache", chat).hit
 
 
@@ -310,8 +329,9 @@ def test_a_bad_record_fails_a_parallel_build_with_the_first_line(tmp_path):
 def launch(tmp, name, **env):
     out = tmp / f"{name}-out"
     env = worker_env(VARIANT="native", SCALE="smoke", OUTPUT_DIR=str(out), CACHE_DIR=str(tmp / "cache"), **env)
-    result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
-                            text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + rank_logs(out)
     lines = [json.loads(line) for line in (out / "report" / "metrics.jsonl").read_text().splitlines()]
     logs = "".join(path.read_text() for path in sorted((out / "torchrun").rglob("stdout.log")))
@@ -334,8 +354,11 @@ def test_cached_and_uncached_runs_train_the_same_losses_in_the_same_steps(tmp_pa
     assert len([path for path in (tmp_path / "cache" / "tokens").iterdir() if path.is_dir()]) == 2  # a key each
     data = summary["data"]
     assert data["cache"]["hit"] is True and data["cache"]["built_s"] > 0 and len(data["cache"]["folder"]) == 2
-    assert {path: s["records"] for path, s in data["sources"].items()} == {a: 24, b: 16} == {
-        path: s["records"] for path, s in plain["data"]["sources"].items()}
+    assert (
+        {path: s["records"] for path, s in data["sources"].items()}
+        == {a: 24, b: 16}
+        == {path: s["records"] for path, s in plain["data"]["sources"].items()}
+    )
     assert sum(s["tokens_trained"] for s in data["sources"].values()) == data["tokens_trained"] > 0
     assert "cache" not in plain["data"] and data["tokens_trained"] == plain["data"]["tokens_trained"]
 

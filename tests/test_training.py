@@ -1,6 +1,7 @@
 """Integration: every variant's smoke config trains through the launcher on 2 processes (FSDP over gloo; one
-process is what most other test files run), and each run leaves $OUTPUT_DIR/report/ (recipes/neuron_qwen3/report/run_report.py)
-that parses; the comparison lists every variant. A stopped run's report is test_save_on_stop.py's.
+process is what most other test files run), and each run leaves $OUTPUT_DIR/report/
+(recipes/neuron_qwen3/report/run_report.py) that parses; the comparison lists every variant. A stopped run's
+report is test_save_on_stop.py's.
 
 These are real torchrun runs on CPU (gloo), a few tens of seconds each. Run:
     .venv/bin/python -m pytest tests/test_training.py
@@ -27,8 +28,22 @@ from neuron_qwen3.report import plots
 
 pytestmark = pytest.mark.training
 
-RECORD_KEYS = {"step", "time", "loss", "grad_norm", "lr", "tokens_per_s_per_device", "tokens_per_s", "step_time_s",
-               "data_loading_s", "tflops_per_device", "mfu_pct", "memory_gib", "tokens_seen", "steps_total"}
+RECORD_KEYS = {
+    "step",
+    "time",
+    "loss",
+    "grad_norm",
+    "lr",
+    "tokens_per_s_per_device",
+    "tokens_per_s",
+    "step_time_s",
+    "data_loading_s",
+    "tflops_per_device",
+    "mfu_pct",
+    "memory_gib",
+    "tokens_seen",
+    "steps_total",
+}
 SMOKE_MOE_LAYERS = 2  # shapes.SMOKE_MOE.n_layers; every layer of the smoke MoE is an MoE layer
 NPROC = 2
 
@@ -45,10 +60,12 @@ def png_size(path):
 
 @functools.cache
 def launch(variant: str, tmp: str) -> subprocess.CompletedProcess:
-    env = worker_env(VARIANT=variant, SCALE="smoke", NPROC=str(NPROC), OUTPUT_DIR=f"{tmp}/{variant}",
-                     CACHE_DIR=f"{tmp}/cache")
-    return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+    env = worker_env(
+        VARIANT=variant, SCALE="smoke", NPROC=str(NPROC), OUTPUT_DIR=f"{tmp}/{variant}", CACHE_DIR=f"{tmp}/cache"
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +88,9 @@ def test_nki_moe_replaces_every_moe_layer(tmp):
     result = launch("nki_moe", tmp)
     log = ANSI.sub("", result.stdout + result.stderr)
     replaced = re.findall(r"\[Override\] neuron_qwen3\.moe\.experts\.nki_grouped_experts: (\S+)", log)
-    assert replaced == [f"model_spec.model.layers.{i}.moe.routed_experts.inner_experts"
-                        for i in range(SMOKE_MOE_LAYERS)], replaced
+    assert replaced == [
+        f"model_spec.model.layers.{i}.moe.routed_experts.inner_experts" for i in range(SMOKE_MOE_LAYERS)
+    ], replaced
     assert f"Applied {SMOKE_MOE_LAYERS} override(s)" in log
     assert "nki_moe kernel path: reference" in log
 
@@ -81,11 +99,38 @@ def test_nki_moe_matches_native_moe_step_by_step(tmp):
     """Same seed, same data, same weights: the expert override must not change the maths."""
     nki = launch("nki_moe", tmp)
     native = subprocess.run(  # the article's hand-typed command: stock torchtitan.train
-        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={NPROC}", "--rdzv_backend", "c10d",
-         "--rdzv_endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", "--local-ranks-filter", "0", "--role",
-         "rank", "--tee", "3", "-m", "torchtitan.train",
-         "--module", "neuron_qwen3", "--config", "native_moe_qwen3_smoke", "--dump_folder", f"{tmp}/native-moe"],
-        env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={NPROC}",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            "127.0.0.1:0",
+            "--local-addr",
+            "127.0.0.1",
+            "--local-ranks-filter",
+            "0",
+            "--role",
+            "rank",
+            "--tee",
+            "3",
+            "-m",
+            "torchtitan.train",
+            "--module",
+            "neuron_qwen3",
+            "--config",
+            "native_moe_qwen3_smoke",
+            "--dump_folder",
+            f"{tmp}/native-moe",
+        ],
+        env=worker_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert native.returncode == 0, native.stderr[-3000:]
     nki_losses, native_losses = parse_losses(nki.stdout + nki.stderr), parse_losses(native.stdout + native.stderr)
     assert sorted(native_losses) == sorted(nki_losses) == list(range(1, 11))
@@ -116,8 +161,11 @@ def test_every_variant_leaves_a_report_that_parses(tmp, variant):
     assert all(set(r) == RECORD_KEYS | moe_keys for r in records)
     assert all(r["loss"] > 0 and r["tokens_per_s"] > 0 and r["step_time_s"] > 0 and r["lr"] > 0 for r in records)
     summary = json.loads((out / "report" / "summary.json").read_text())
-    assert (summary["variant"], summary["scale"], summary["config"]) == (variant, "smoke",
-                                                                         VARIANTS[variant].configs["smoke"])
+    assert (summary["variant"], summary["scale"], summary["config"]) == (
+        variant,
+        "smoke",
+        VARIANTS[variant].configs["smoke"],
+    )
     assert summary["end"] == "finished" and summary["steps"] == {"done": steps, "planned": steps}
     assert summary["device"] == {"kind": "cpu", "name": "cpu", "count": NPROC}
     assert (summary["processes"], summary["nodes"]) == (NPROC, 1)

@@ -43,15 +43,19 @@ def test_a_fine_tune_gets_the_defaults_in_one_line():
     parsed = config(LOAD)
     assert tuning.apply(parsed) == [
         "fine-tuning defaults (checkpoint.initial_load_path is set): lr 2e-05 in place of 0.0008; warm-up 1 of 10 "
-        "steps in place of 2 (LR, WARMUP_STEPS or --tune.lr, --tune.warmup choose others)"]
+        "steps in place of 2 (LR, WARMUP_STEPS or --tune.lr, --tune.warmup choose others)"
+    ]
     assert lr_and_warmup(parsed) == ([tuning.FINETUNE_LR], 1)  # 8 % of 10 steps, at least one
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--tune.lr=1e-5", "--tune.warmup=0"], ([1e-5], 0)),
-    (["--tune.lr=3e-5"], ([3e-5], 1)),  # the warm-up still the fine-tuning default
-    (["--tune.warmup=5"], ([tuning.FINETUNE_LR], 5)),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--tune.lr=1e-5", "--tune.warmup=0"], ([1e-5], 0)),
+        (["--tune.lr=3e-5"], ([3e-5], 1)),  # the warm-up still the fine-tuning default
+        (["--tune.warmup=5"], ([tuning.FINETUNE_LR], 5)),
+    ],
+)
 def test_a_fine_tune_keeps_what_the_project_fields_give(flags, expected):
     parsed = config(LOAD, *flags)
     tuning.apply(parsed)
@@ -70,8 +74,10 @@ def test_under_a_fine_tune_torchtitans_own_fields_are_replaced_and_the_line_name
 def test_every_param_group_gets_lr():
     parsed = config()
     group = parsed.optimizer.param_groups[0]
-    parsed.optimizer.param_groups = [type(group)(pattern="norm", optimizer_name="AdamW",
-                                                 optimizer_kwargs={"lr": 1e-3}), group]
+    parsed.optimizer.param_groups = [
+        type(group)(pattern="norm", optimizer_name="AdamW", optimizer_kwargs={"lr": 1e-3}),
+        group,
+    ]
     parsed.tune = Tune(lr=5e-5)
     tuning.apply(parsed)
     assert lr_and_warmup(parsed)[0] == [5e-5, 5e-5]
@@ -79,8 +85,11 @@ def test_every_param_group_gets_lr():
 
 @pytest.mark.parametrize("flag", ["--tune.lr=-1e-5", "--tune.lr=2", "--tune.warmup=2.5", "--tune.warmup=-1"])
 def test_a_bad_value_from_a_stock_command_line_is_one_line(flag):
-    with pytest.raises(ValueError, match=rf"^{flag.split('=')[0]}=\S+ is (not a learning rate from 0 to 1|"
-                                         r"neither a whole number of steps nor a fraction below 1)$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{flag.split('=')[0]}=\S+ is (not a learning rate from 0 to 1|"
+        r"neither a whole number of steps nor a fraction below 1)$",
+    ):
         tuning.apply(config(flag))
 
 
@@ -90,7 +99,8 @@ def test_the_global_batch_divides_by_local_batch_and_data_parallel_ranks():
     assert tuning.batch_problem(config("--training.global_batch_size=8"), 2) is None
     assert tuning.batch_problem(config("--training.global_batch_size=6"), 2) == (
         "BATCH_SIZE=6 (--training.global_batch_size) is not a multiple of local batch 2 x 2 data-parallel ranks = 4: "
-        "use 4, 8, 12, ... (gradient accumulation = BATCH_SIZE / 4)")
+        "use 4, 8, 12, ... (gradient accumulation = BATCH_SIZE / 4)"
+    )
     assert tuning.batch_problem(config("--training.global_batch_size=2"), 2).startswith("BATCH_SIZE=2 ")  # below one
     misfit = tuning.batch_problem(config("--parallelism.tensor_parallel_degree=3"), 2)
     assert misfit == "parallelism on 2 ranks: the parallel degrees do not divide the ranks"  # torchtitan: no text
@@ -99,16 +109,19 @@ def test_the_global_batch_divides_by_local_batch_and_data_parallel_ranks():
 
 
 def test_the_pre_launch_pass_prints_what_will_train_and_stops_on_a_bad_batch():
-    answer = preflight.run({"args": [*SMOKE, LOAD, "--lr_scheduler.decay_type=cosine"], "ranks": 2,
-                            "print_config": True})
+    answer = preflight.run(
+        {"args": [*SMOKE, LOAD, "--lr_scheduler.decay_type=cosine"], "ranks": 2, "print_config": True}
+    )
     shown = answer["config"]
     assert answer["problems"] == [] and answer["lines"][0].startswith("fine-tuning defaults")
     assert shown["optimizer"]["param_groups"][0]["optimizer_kwargs"]["lr"] == tuning.FINETUNE_LR
     assert (shown["lr_scheduler"]["warmup_steps"], shown["lr_scheduler"]["decay_type"]) == (1, "cosine")
     assert (shown["training"]["global_batch_size"], shown["training"]["local_batch_size"]) == (4, 2)
     bad = preflight.run({"args": [*SMOKE, "--training.global_batch_size=3"], "ranks": 1, "print_config": True})
-    assert bad["problems"] == ["BATCH_SIZE=3 (--training.global_batch_size) is not a multiple of local batch 2 x 1 "
-                               "data-parallel ranks = 2: use 2, 4, 6, ... (gradient accumulation = BATCH_SIZE / 2)"]
+    assert bad["problems"] == [
+        "BATCH_SIZE=3 (--training.global_batch_size) is not a multiple of local batch 2 x 1 "
+        "data-parallel ranks = 2: use 2, 4, 6, ... (gradient accumulation = BATCH_SIZE / 2)"
+    ]
     assert bad["config"] is None
 
 
@@ -118,11 +131,27 @@ def test_stock_torchtitan_train_applies_the_fine_tuning_defaults_and_accumulates
     from test_finetune import tiny_qwen3
 
     source = tiny_qwen3(tmp_path / "source")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--rdzv_backend", "c10d",
-            "--rdzv_endpoint", "localhost:0", "-m", "torchtitan.train", *SMOKE, "--training.steps=3",
-            "--checkpoint.enable", f"--checkpoint.initial_load_path={source}", "--checkpoint.initial_load_in_hf",
-            "--checkpoint.initial_load_model_only", "--checkpoint.load_only", "--training.global_batch_size=4",
-            f"--dump_folder={tmp_path / 'out'}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=1",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        "localhost:0",
+        "-m",
+        "torchtitan.train",
+        *SMOKE,
+        "--training.steps=3",
+        "--checkpoint.enable",
+        f"--checkpoint.initial_load_path={source}",
+        "--checkpoint.initial_load_in_hf",
+        "--checkpoint.initial_load_model_only",
+        "--checkpoint.load_only",
+        "--training.global_batch_size=4",
+        f"--dump_folder={tmp_path / 'out'}",
+    ]
     result = subprocess.run(argv, env=worker_env(), cwd=tmp_path, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]

@@ -47,10 +47,10 @@ def write_jsonl(path, rows):
 
 
 def launch(tmp, name, **env):
-    env = worker_env(VARIANT="native", SCALE="smoke", OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache",
-                     **env)
-    result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True,
-                            text=True, timeout=900)
+    env = worker_env(VARIANT="native", SCALE="smoke", OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache", **env)
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return f"{tmp}/{name}-out/report"
 
@@ -66,14 +66,27 @@ def runs(tmp):
     transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shape)).save_pretrained(f"{tmp}/source")
     chat = write_jsonl(f"{tmp}/chat.jsonl", conversations(RECORDS))
     common = dict(DATASET=chat, DATASET_FIELD="messages", VALIDATION=SHARE, EXPORT_DTYPE="float32")
-    held = launch(tmp, "held", INIT_FROM=f"{tmp}/source", STEPS="3", VALIDATION_INTERVAL="2",
-                  EXPORT_DIR=f"{tmp}/export", EXTRA_ARGS=FP32, **common)
-    two = launch(tmp, "two", INIT_FROM=f"{tmp}/export", STEPS="1", NPROC="2", EXTRA_ARGS=f"{FP32} {ZERO_LR}",
-                 **common)
+    held = launch(
+        tmp,
+        "held",
+        INIT_FROM=f"{tmp}/source",
+        STEPS="3",
+        VALIDATION_INTERVAL="2",
+        EXPORT_DIR=f"{tmp}/export",
+        EXTRA_ARGS=FP32,
+        **common,
+    )
+    two = launch(tmp, "two", INIT_FROM=f"{tmp}/export", STEPS="1", NPROC="2", EXTRA_ARGS=f"{FP32} {ZERO_LR}", **common)
     texts = [json.loads(line)["text"] for line in (SMOKE_CORPUS / "train.jsonl").read_text().splitlines()[:23]]
-    over = launch(tmp, "over", DATASET=write_jsonl(f"{tmp}/tiny.jsonl", [{"text": t[:120]} for t in texts[:2]]),
-                  VALIDATION=write_jsonl(f"{tmp}/other.jsonl", [{"text": t} for t in texts[20:23]]),
-                  VALIDATION_INTERVAL="5", STEPS="30", EXTRA_ARGS="--optimizer.param-groups.0.optimizer-kwargs.lr 3e-3")
+    over = launch(
+        tmp,
+        "over",
+        DATASET=write_jsonl(f"{tmp}/tiny.jsonl", [{"text": t[:120]} for t in texts[:2]]),
+        VALIDATION=write_jsonl(f"{tmp}/other.jsonl", [{"text": t} for t in texts[20:23]]),
+        VALIDATION_INTERVAL="5",
+        STEPS="30",
+        EXTRA_ARGS="--optimizer.param-groups.0.optimizer-kwargs.lr 3e-3",
+    )
     return {"held": held, "two": two, "over": over, "chat": chat, "export": f"{tmp}/export"}
 
 
@@ -84,8 +97,10 @@ def done(tmp_path_factory):
 
 def metrics(report):
     lines = [json.loads(line) for line in Path(report, "metrics.jsonl").read_text().splitlines()]
-    return ({r["step"]: r["loss"] for r in lines if "loss" in r},
-            {r["step"]: r["validation_loss"] for r in lines if "validation_loss" in r})
+    return (
+        {r["step"]: r["loss"] for r in lines if "loss" in r},
+        {r["step"]: r["validation_loss"] for r in lines if "validation_loss" in r},
+    )
 
 
 def by_hand(folder, chat):
@@ -106,8 +121,13 @@ def by_hand(folder, chat):
     assert len(held) == 5
     total, count = 0.0, 0
     for i in held.tolist():
-        encoded = tokenizer.apply_chat_template(rows[i]["messages"], chat_template=GENERATION.read_text(),
-                                                tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        encoded = tokenizer.apply_chat_template(
+            rows[i]["messages"],
+            chat_template=GENERATION.read_text(),
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
         ids = torch.tensor([encoded["input_ids"]])
         mask = torch.tensor(encoded["assistant_masks"][1:], dtype=torch.bool)
         with torch.no_grad():
@@ -146,8 +166,13 @@ def test_summary_and_plot_carry_the_validation_curve(done):
     _, validation = metrics(done["over"])
     summary = json.loads(Path(done["over"], "summary.json").read_text())["validation"]
     best = min(validation, key=validation.get)
-    assert summary == {"first_loss": validation[1], "best_loss": validation[best], "best_step": best,
-                       "last_loss": validation[30], "steps": sorted(validation)}
+    assert summary == {
+        "first_loss": validation[1],
+        "best_loss": validation[best],
+        "best_step": best,
+        "last_loss": validation[30],
+        "steps": sorted(validation),
+    }
     assert Path(done["over"], "loss.png").stat().st_size > 10_000
     assert json.loads(Path(done["held"], "summary.json").read_text())["validation"]["best_step"] == 3
 

@@ -45,8 +45,12 @@ print(json.dumps({{"files": files, "errors": errors, "path": sys.path,
 def tracked(*paths) -> list:
     """The files git would commit (tracked, or new and not ignored): the source tree under test, without build
     outputs, caches or the venv."""
-    return subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard",
-                           *paths], capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
+    return subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard", *paths],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")[:-1]
 
 
 def clean_env(**extra) -> dict:
@@ -91,24 +95,38 @@ def test_every_module_imports_from_the_wheel_not_the_checkout(wheel, tmp_path):
     _, python, site = wheel
     locked = sysconfig.get_path("purelib")
     assert list(Path(locked).glob("__editable__*.pth"))  # what must not leak in: the editable install's hook
-    result = subprocess.run([python, "-c", IMPORT_ALL], cwd=tmp_path, env=clean_env(), capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [python, "-c", IMPORT_ALL], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.splitlines()[-1])
     assert found["errors"] == {} and found["editable"] == [] and locked in found["path"]
     assert all(Path(file).is_relative_to(site) for file in found["files"].values()), found["files"]
     # and the walk met every module git tracks (so none was skipped unseen)
-    tracked_modules = {p.removeprefix("recipes/").removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-                       for p in tracked("entrypoint", "recipes/neuron_qwen3") if p.endswith(".py")
-                       and "/assets/" not in p}
+    tracked_modules = {
+        p.removeprefix("recipes/").removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        for p in tracked("entrypoint", "recipes/neuron_qwen3")
+        if p.endswith(".py") and "/assets/" not in p
+    }
     assert tracked_modules - set(NOT_IMPORTED) == set(found["files"])
 
 
 def test_the_dry_run_runs_from_the_wheel(wheel, tmp_path):
     _, python, site = wheel
-    result = subprocess.run([python, "-m", "entrypoint", "--dry-run"], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300, env=clean_env(SCALE="smoke", DEVICE="cpu", OUTPUT_DIR=str(tmp_path / "out"),
-                                                       CACHE_DIR=str(tmp_path / "cache"), HF_HUB_OFFLINE="1"))
+    result = subprocess.run(
+        [python, "-m", "entrypoint", "--dry-run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(
+            SCALE="smoke",
+            DEVICE="cpu",
+            OUTPUT_DIR=str(tmp_path / "out"),
+            CACHE_DIR=str(tmp_path / "cache"),
+            HF_HUB_OFFLINE="1",
+        ),
+    )
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)
     argv = shown["argv"]  # the torchrun command: this venv's python, torchtitan with the recipes' smoke config

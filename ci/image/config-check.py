@@ -18,8 +18,11 @@ def main() -> int:
     try:
         registry = importlib.import_module(f"{RECIPE_MODULE}.config_registry")
     except Exception:
-        print(f"config-check: FAILED: the recipes do not import on torchtitan {version}:\n"
-              f"{traceback.format_exc(limit=4)}", file=sys.stderr)
+        print(
+            f"config-check: FAILED: the recipes do not import on torchtitan {version}:\n"
+            f"{traceback.format_exc(limit=4)}",
+            file=sys.stderr,
+        )
         return 1
     failures, built = [], 0
     for variant in VARIANTS.values():

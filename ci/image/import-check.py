@@ -97,8 +97,10 @@ def main(lock_path):
     if failures:
         print("import-check: FAILED\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
-    print(f"import-check: {len(modules)} modules import in {time.monotonic() - start:.1f}s; "
-          f"torch {torch.__version__} from the base ({torch.__file__})")
+    print(
+        f"import-check: {len(modules)} modules import in {time.monotonic() - start:.1f}s; "
+        f"torch {torch.__version__} from the base ({torch.__file__})"
+    )
     return 0
 
 

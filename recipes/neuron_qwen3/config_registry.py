@@ -32,8 +32,10 @@ try:  # the qwen3 folder's own private builders, used at smoke size: torchtitan 
 except ImportError as error:
     import torchtitan
 
-    raise ImportError(f"neuron_qwen3's smoke models use torchtitan 0.3.0's private Qwen3 builders; torchtitan "
-                      f"{torchtitan.__version__} has no {error.name or error}") from error
+    raise ImportError(
+        f"neuron_qwen3's smoke models use torchtitan 0.3.0's private Qwen3 builders; torchtitan "
+        f"{torchtitan.__version__} has no {error.name or error}"
+    ) from error
 from torchtitan.models.qwen3 import config_registry as qwen3_configs
 from torchtitan.models.qwen3.model import Qwen3Model
 
@@ -50,8 +52,11 @@ SMOKE_TOKENIZER = ASSETS / "tokenizer"
 SMOKE_CORPUS = ASSETS / "corpus"
 SMOKE_PROMPTS = ASSETS / "samples.jsonl"  # SAMPLE_PROMPTS' default at smoke scale
 # config.json of each dense smoke/bench shape as a Qwen3ForCausalLM, for the v5 variant (assets/make_assets.py)
-HF_MODEL = {"smoke": ASSETS / "hf_qwen3_tiny", "bench_cpu": ASSETS / "hf_qwen3_bench_cpu",
-            "bench": ASSETS / "hf_qwen3_bench"}
+HF_MODEL = {
+    "smoke": ASSETS / "hf_qwen3_tiny",
+    "bench_cpu": ASSETS / "hf_qwen3_bench_cpu",
+    "bench": ASSETS / "hf_qwen3_bench",
+}
 ARTICLE_ASSETS = "./assets/hf"  # the article's `hf download --local-dir` folder; the launcher passes ASSETS_DIR's
 
 
@@ -62,13 +67,16 @@ def _as(config, cls):
 
 def described(variant: str, scale: str):
     """Mark a config function with what it trains, for the run report (summary.json names them)."""
+
     def mark(build):
         @functools.wraps(build)
         def config():
             built = build()
             built.report = dataclasses.replace(built.report, variant=variant, scale=scale, config=build.__name__)
             return built
+
         return config
+
     return mark
 
 
@@ -201,13 +209,22 @@ def _smoke_training(config):
 def _small_qwen3(shape: shapes.Shape) -> Qwen3Model.Config:
     """A Qwen3 of `shape` built by torchtitan's own layer builders, dense or MoE."""
     common = dict(
-        n_layers=shape.n_layers, dim=shape.dim, n_heads=shape.n_heads, n_kv_heads=shape.n_kv_heads,
-        head_dim=shape.head_dim, attn_backend="flex",
+        n_layers=shape.n_layers,
+        dim=shape.dim,
+        n_heads=shape.n_heads,
+        n_kv_heads=shape.n_kv_heads,
+        head_dim=shape.head_dim,
+        attn_backend="flex",
         rope=CosSinRoPE.Config(dim=shape.head_dim, max_seq_len=shapes.MAX_POSITIONS, theta=shapes.ROPE_THETA),
     )
     if shape.num_experts:
-        layers = _build_qwen3_moe_layers(**common, num_experts=shape.num_experts, top_k=shape.top_k,
-                                         moe_hidden_dim=shape.hidden_dim, moe_comm_backend="standard")
+        layers = _build_qwen3_moe_layers(
+            **common,
+            num_experts=shape.num_experts,
+            top_k=shape.top_k,
+            moe_hidden_dim=shape.hidden_dim,
+            moe_comm_backend="standard",
+        )
     else:
         layers = _build_qwen3_layers(**common, hidden_dim=shape.hidden_dim)
     return Qwen3Model.Config(
@@ -215,8 +232,9 @@ def _small_qwen3(shape: shapes.Shape) -> Qwen3Model.Config:
         dim=shape.dim,
         norm=_qwen3_norm(shape.dim),
         enable_weight_tying=shape.tied,
-        tok_embeddings=Embedding.Config(num_embeddings=shape.vocab_size, embedding_dim=shape.dim,
-                                        param_init=_EMBEDDING_INIT),
+        tok_embeddings=Embedding.Config(
+            num_embeddings=shape.vocab_size, embedding_dim=shape.dim, param_init=_EMBEDDING_INIT
+        ),
         lm_head=Linear.Config(in_features=shape.dim, out_features=shape.vocab_size, param_init=_LINEAR_INIT),
         layers=layers,
     )

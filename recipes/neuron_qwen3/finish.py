@@ -3,9 +3,9 @@
 A config function returns what the user chose (its values, then the flags); what follows from those choices is
 derived here, once: float32 on CPU, the NKI experts' kwargs, Hugging Face compatibility, LoRA, the MoE routers'
 loss coefficient and freeze, the tokenizer folder, the validation split, EPOCHS' steps, the fine-tuning learning
-rate and warm-up, the global batch. The pre-launch pass (prelaunch/preflight.py) and every worker (trainer.RunHooks) call it on the same parsed flags, and
-nothing writes the config after it, so `--dry-run` prints exactly what the workers train (the run report keeps
-the workers' copy: report/config.json).
+rate and warm-up, the global batch. The pre-launch pass (prelaunch/preflight.py) and every worker
+(trainer.RunHooks) call it on the same parsed flags, and nothing writes the config after it, so `--dry-run` prints
+exactly what the workers train (the run report keeps the workers' copy: report/config.json).
 """
 
 import dataclasses
@@ -25,8 +25,10 @@ from neuron_qwen3.run import tuning
 # torchtitan without the override registry still runs the other variants.
 NKI_EXPERTS = "neuron_qwen3.moe.experts.nki_grouped_experts"
 
-CPU_FLOAT32 = ("precision: float32 (--training.mixed_precision_param float32{experts}): full scale on CPU, where "
-               "bf16 matmuls are emulated; --no-cpu_float32 keeps the config's")
+CPU_FLOAT32 = (
+    "precision: float32 (--training.mixed_precision_param float32{experts}): full scale on CPU, where "
+    "bf16 matmuls are emulated; --no-cpu_float32 keeps the config's"
+)
 
 
 @dataclass
@@ -66,8 +68,10 @@ def cpu_float32(config, kind: str) -> str | None:
 def configure_nki_experts(overrides, neuron) -> None:
     """Give the NKI experts override the run's kernel choice and LNC (`--neuron.*`), unless its entry sets them."""
     for i, kwargs in list(_nki_entries(overrides)):
-        overrides.imports[i] = (NKI_EXPERTS, {"kernel": neuron.moe_kernel,
-                                              "logical_nc_config": neuron.logical_nc_config, **kwargs})
+        overrides.imports[i] = (
+            NKI_EXPERTS,
+            {"kernel": neuron.moe_kernel, "logical_nc_config": neuron.logical_nc_config, **kwargs},
+        )
 
 
 def configure_validation(config) -> None:
@@ -111,17 +115,23 @@ def configure_preference(config, lora) -> str | None:
     if not 0 <= settings.sft_weight < math.inf:
         raise ValueError(f"--preference.sft_weight={settings.sft_weight} is not a weight from 0")
     if config.training.seq_len % 2:
-        raise ValueError(f"--training.seq_len={config.training.seq_len}: DPO packs pairs into windows of an even "
-                         "length")
+        raise ValueError(
+            f"--training.seq_len={config.training.seq_len}: DPO packs pairs into windows of an even length"
+        )
     if not settings.reference and not lora:
         if not (config.checkpoint.initial_load_in_hf and config.checkpoint.initial_load_path):
-            raise ValueError("METHOD=dpo needs a reference model: INIT_FROM (its weights, frozen), LORA_RANK (the "
-                             "base with the adapters off) or DPO_REFERENCE (a model folder)")
+            raise ValueError(
+                "METHOD=dpo needs a reference model: INIT_FROM (its weights, frozen), LORA_RANK (the "
+                "base with the adapters off) or DPO_REFERENCE (a model folder)"
+            )
         settings.reference = config.checkpoint.initial_load_path
-    return (f"dpo: {settings.loss} loss, beta {settings.beta:g}"
-            + (f", SFT term x {settings.sft_weight:g}" if settings.sft_weight else "") + ", reference "
-            + (settings.reference or "the base model (LoRA adapters off)")
-            + (", its log-probabilities computed in one pass at the first step" if settings.precompute else ""))
+    return (
+        f"dpo: {settings.loss} loss, beta {settings.beta:g}"
+        + (f", SFT term x {settings.sft_weight:g}" if settings.sft_weight else "")
+        + ", reference "
+        + (settings.reference or "the base model (LoRA adapters off)")
+        + (", its log-probabilities computed in one pass at the first step" if settings.precompute else "")
+    )
 
 
 def data_parallel(config, world: int) -> int:

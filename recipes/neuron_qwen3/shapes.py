@@ -54,9 +54,14 @@ FLAVORS = {
 }
 # The repos Qwen publishes for each flavor (the released forms; FP8/GGUF/AWQ copies are not trainable here).
 FORMS = {
-    "0.6B": ("", "-Base"), "1.7B": ("", "-Base"), "4B": ("", "-Base", "-Instruct-2507", "-Thinking-2507"),
-    "8B": ("", "-Base"), "14B": ("", "-Base"), "32B": ("",),
-    "30B-A3B": ("", "-Base", "-Instruct-2507", "-Thinking-2507"), "235B-A22B": ("", "-Instruct-2507", "-Thinking-2507"),
+    "0.6B": ("", "-Base"),
+    "1.7B": ("", "-Base"),
+    "4B": ("", "-Base", "-Instruct-2507", "-Thinking-2507"),
+    "8B": ("", "-Base"),
+    "14B": ("", "-Base"),
+    "32B": ("",),
+    "30B-A3B": ("", "-Base", "-Instruct-2507", "-Thinking-2507"),
+    "235B-A22B": ("", "-Instruct-2507", "-Thinking-2507"),
 }
 MODELS = {f"Qwen/Qwen3-{flavor}{form}": flavor for flavor, forms in FORMS.items() for form in forms}
 
@@ -91,15 +96,27 @@ def repo_name(model: str) -> str:
 def hf_config(shape: Shape, eos_id: int | None = None) -> dict:
     """The architecture fields of shape's transformers config.json (what a model folder must agree with)."""
     config = {
-        "architectures": [HF_ARCHITECTURE[shape.family]], "model_type": HF_MODEL_TYPE[shape.family],
-        "vocab_size": shape.vocab_size, "hidden_size": shape.dim, "num_hidden_layers": shape.n_layers,
-        "num_attention_heads": shape.n_heads, "num_key_value_heads": shape.n_kv_heads, "head_dim": shape.head_dim,
-        "tie_word_embeddings": shape.tied, "hidden_act": "silu", "attention_bias": False,
+        "architectures": [HF_ARCHITECTURE[shape.family]],
+        "model_type": HF_MODEL_TYPE[shape.family],
+        "vocab_size": shape.vocab_size,
+        "hidden_size": shape.dim,
+        "num_hidden_layers": shape.n_layers,
+        "num_attention_heads": shape.n_heads,
+        "num_key_value_heads": shape.n_kv_heads,
+        "head_dim": shape.head_dim,
+        "tie_word_embeddings": shape.tied,
+        "hidden_act": "silu",
+        "attention_bias": False,
     }
     if shape.num_experts:
-        config.update(num_experts=shape.num_experts, num_experts_per_tok=shape.top_k,
-                      moe_intermediate_size=shape.hidden_dim, norm_topk_prob=True, decoder_sparse_step=1,
-                      mlp_only_layers=[])
+        config.update(
+            num_experts=shape.num_experts,
+            num_experts_per_tok=shape.top_k,
+            moe_intermediate_size=shape.hidden_dim,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     else:
         config["intermediate_size"] = shape.hidden_dim
     if eos_id is not None:
@@ -112,23 +129,38 @@ def of_model_config(model_config) -> Shape:
     if hasattr(model_config, "layers"):  # torchtitan's Decoder.Config
         layer = model_config.layers[0]
         attention, moe = layer.attention, layer.moe
-        common = dict(dim=model_config.dim, n_layers=len(model_config.layers), n_heads=attention.n_heads,
-                      n_kv_heads=attention.n_kv_heads or attention.n_heads,
-                      head_dim=attention.head_dim or model_config.dim // attention.n_heads,
-                      vocab_size=model_config.vocab_size, tied=model_config.enable_weight_tying)
+        common = dict(
+            dim=model_config.dim,
+            n_layers=len(model_config.layers),
+            n_heads=attention.n_heads,
+            n_kv_heads=attention.n_kv_heads or attention.n_heads,
+            head_dim=attention.head_dim or model_config.dim // attention.n_heads,
+            vocab_size=model_config.vocab_size,
+            tied=model_config.enable_weight_tying,
+        )
         if moe is not None:
-            return Shape(**common, hidden_dim=moe.routed_experts.inner_experts.hidden_dim,
-                         num_experts=moe.num_experts, top_k=moe.router.top_k)
+            return Shape(
+                **common,
+                hidden_dim=moe.routed_experts.inner_experts.hidden_dim,
+                num_experts=moe.num_experts,
+                top_k=moe.router.top_k,
+            )
         return Shape(**common, hidden_dim=layer.feed_forward.w1.out_features)
     c = model_config  # a transformers PretrainedConfig
     heads = c.num_attention_heads
-    common = dict(dim=c.hidden_size, n_layers=c.num_hidden_layers, n_heads=heads,
-                  n_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
-                  head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab_size=c.vocab_size,
-                  tied=bool(getattr(c, "tie_word_embeddings", False)))
+    common = dict(
+        dim=c.hidden_size,
+        n_layers=c.num_hidden_layers,
+        n_heads=heads,
+        n_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+        vocab_size=c.vocab_size,
+        tied=bool(getattr(c, "tie_word_embeddings", False)),
+    )
     if getattr(c, "num_experts", None):
-        return Shape(**common, hidden_dim=c.moe_intermediate_size, num_experts=c.num_experts,
-                     top_k=c.num_experts_per_tok)
+        return Shape(
+            **common, hidden_dim=c.moe_intermediate_size, num_experts=c.num_experts, top_k=c.num_experts_per_tok
+        )
     return Shape(**common, hidden_dim=c.intermediate_size)
 
 
@@ -143,20 +175,26 @@ NEURON_GIB_PER_CORE = {1: 12, 2: 24}  # trn2's 96 GiB per device over its logica
 def fit(parameters: int, ranks: int, memory_gib: float | None) -> tuple:
     """(fits, one line saying why) for FSDP over `ranks` ranks of `memory_gib` each (None: unknown, e.g. CPU)."""
     state = STATE_BYTES_PER_PARAM * parameters / ranks / 2**30
-    line = (f"FSDP over {ranks} ranks: {state:.1f} GiB of weights, gradients and Adam state per rank "
-            f"({parameters / 1e9:.2f} B parameters x {STATE_BYTES_PER_PARAM} B / {ranks})")
+    line = (
+        f"FSDP over {ranks} ranks: {state:.1f} GiB of weights, gradients and Adam state per rank "
+        f"({parameters / 1e9:.2f} B parameters x {STATE_BYTES_PER_PARAM} B / {ranks})"
+    )
     if memory_gib is None:
         return True, line
     budget = STATE_SHARE * memory_gib
     if state <= budget:
         return True, f"{line}, within {STATE_SHARE:.0%} of {memory_gib:g} GiB"
     needed = math.ceil(STATE_BYTES_PER_PARAM * parameters / (budget * 2**30))
-    return False, (f"{line}: more than {STATE_SHARE:.0%} of the {memory_gib:g} GiB per rank; it needs at least "
-                   f"{needed} ranks (add nodes: NNODES)")
+    return False, (
+        f"{line}: more than {STATE_SHARE:.0%} of the {memory_gib:g} GiB per rank; it needs at least "
+        f"{needed} ranks (add nodes: NNODES)"
+    )
 
 
 if __name__ == "__main__":  # the launcher's `--list`
     for model, flavor in MODELS.items():
         shape = FLAVORS[flavor]
-        print(f"  {model:<32} {shape.family:<5} {shape.parameters() / 1e9:6.2f} B parameters"
-              + (f", {shape.parameters(active=True) / 1e9:.2f} B active" if shape.num_experts else ""))
+        print(
+            f"  {model:<32} {shape.family:<5} {shape.parameters() / 1e9:6.2f} B parameters"
+            + (f", {shape.parameters(active=True) / 1e9:.2f} B active" if shape.num_experts else "")
+        )

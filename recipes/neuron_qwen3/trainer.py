@@ -47,7 +47,8 @@ class Export:
 @dataclass(kw_only=True, slots=True)
 class Lora:
     rank: int = 0
-    """Train LoRA adapters of this rank over the initial load's frozen weights (lora/adapters.py); 0: full fine-tuning."""
+    """Train LoRA adapters of this rank over the initial load's frozen weights (lora/adapters.py); 0: full
+    fine-tuning."""
     alpha: float = 0.0
     """The update is scaled by alpha / rank; 0: 2 x rank."""
     dropout: float = 0.0
@@ -185,8 +186,10 @@ def fail_on_data(error: data.DataError):
     path = devices.torchrun_error_file()
     if path:
         with open(path, "w") as f:
-            json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
-                                                                  "timestamp": str(int(time.time()))}}}, f)
+            json.dump(
+                {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}},
+                f,
+            )
     return SystemExit(2)
 
 
@@ -253,8 +256,11 @@ class RunHooks(Trainer):
     def validate_last(self) -> None:
         """The validation loss after the last step too, unless the validator's interval has just given it."""
         step = self.step
-        if self.config.validator.enable and step == self.config.training.steps \
-                and not self.validator.should_validate(step):
+        if (
+            self.config.validator.enable
+            and step == self.config.training.steps
+            and not self.validator.should_validate(step)
+        ):
             self.validator.validate(self.model_parts, step)
 
     def post_dataloading_process(self, input_dict, labels):

@@ -24,5 +24,7 @@ ref = torch.nn.functional.scaled_dot_product_attention(
     q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
 ).transpose(1, 2)
 compiled_frames = torch._dynamo.utils.counters["frames"]["total"]  # torch.compile'd frames run so far
-print(f"max_abs_err={(out - ref).abs().max().item():.3e} grad_finite={bool(q.grad.isfinite().all())} "
-      f"compiled_frames={compiled_frames}")
+print(
+    f"max_abs_err={(out - ref).abs().max().item():.3e} grad_finite={bool(q.grad.isfinite().all())} "
+    f"compiled_frames={compiled_frames}"
+)

@@ -1,6 +1,7 @@
 """FSDP2 with torchtitan's gradient-division setting over gloo, two ranks; prints "grad ok".
 
-argv[1]: "patched" applies the CPU adapter, "upstream" does not; torchtitan is imported first either way. Run under torchrun.
+argv[1]: "patched" applies the CPU adapter, "upstream" does not; torchtitan is imported first either way. Run under
+torchrun.
 """
 
 import sys

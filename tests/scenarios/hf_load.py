@@ -62,8 +62,9 @@ def randomise(model, seed):
 
 
 def shards(model) -> dict:
-    return {name: (p.to_local() if isinstance(p, DTensor) else p).detach().clone()
-            for name, p in model.named_parameters()}
+    return {
+        name: (p.to_local() if isinstance(p, DTensor) else p).detach().clone() for name, p in model.named_parameters()
+    }
 
 
 def torchtitan_load(model, adapter, folder):
@@ -75,8 +76,9 @@ def torchtitan_load(model, adapter, folder):
 
 
 def full(model) -> dict:
-    return {name: p.full_tensor() if isinstance(p, DTensor) else p.detach().clone()
-            for name, p in model.named_parameters()}
+    return {
+        name: p.full_tensor() if isinstance(p, DTensor) else p.detach().clone() for name, p in model.named_parameters()
+    }
 
 
 for variant in ("native", "nki_moe", "v5"):
@@ -84,8 +86,10 @@ for variant in ("native", "nki_moe", "v5"):
     folder = os.path.join(sys.argv[1], variant)
     randomise(model, 0)
     saved = {name: value.to(torch.bfloat16).float() for name, value in full(model).items()}  # as the files hold it
-    state = {key: value.full_tensor() if isinstance(value, DTensor) else value
-             for key, value in ModelWrapper([model]).state_dict().items()}
+    state = {
+        key: value.full_tensor() if isinstance(value, DTensor) else value
+        for key, value in ModelWrapper([model]).state_dict().items()
+    }
     if rank == 0:
         os.makedirs(folder)
         tensors = {key: value.to(torch.bfloat16).clone() for key, value in adapter.to_hf(state).items()}

@@ -69,12 +69,32 @@ def main() -> None:
     rows = batches[0]["input"].shape[0]
     assert rows % world == 0, (rows, world)
     local = rows // world
-    flags = ["--module", "__main__", "--config", shape, "--device=cpu", "--checkpoint.enable",
-             f"--checkpoint.initial_load_path={source}", "--checkpoint.initial_load_in_hf",
-             "--checkpoint.initial_load_model_only", "--checkpoint.load_only", f"--dump_folder={out}",
-             "--tune.lr", "0", "--training.max_norm", "1e9", "--training.mixed_precision_param", "float32",
-             "--training.seq_len", str(batches[0]["input"].shape[1]), "--training.local_batch_size", str(local),
-             "--training.steps", str(len(batches) + 1), *sys.argv[5:]]
+    flags = [
+        "--module",
+        "__main__",
+        "--config",
+        shape,
+        "--device=cpu",
+        "--checkpoint.enable",
+        f"--checkpoint.initial_load_path={source}",
+        "--checkpoint.initial_load_in_hf",
+        "--checkpoint.initial_load_model_only",
+        "--checkpoint.load_only",
+        f"--dump_folder={out}",
+        "--tune.lr",
+        "0",
+        "--training.max_norm",
+        "1e9",
+        "--training.mixed_precision_param",
+        "float32",
+        "--training.seq_len",
+        str(batches[0]["input"].shape[1]),
+        "--training.local_batch_size",
+        str(local),
+        "--training.steps",
+        str(len(batches) + 1),
+        *sys.argv[5:],
+    ]
     config = ConfigManager().parse_args(flags)
     trainer = config.build()
     seen = Seen()
@@ -98,16 +118,36 @@ def main() -> None:
         counted = int(window["real"].sum())  # the trainer pops `real` from the window
         trainer.train_step(trainer.batch_generator([(window, batch["labels"][mine])]))
         params = dict(model.named_parameters())
-        grads.append({name.replace("_checkpoint_wrapped_module.", ""): whole(params[name].grad)  # a collective
-                      for name in gates})
+        grads.append(
+            {
+                name.replace("_checkpoint_wrapped_module.", ""): whole(params[name].grad)  # a collective
+                for name in gates
+            }
+        )
         watch = trainer.router_watch
-        found.append({"step": trainer.step, "metrics": seen.steps.get(trainer.step), "last": watch.last,
-                      "rows": counted, "labels": int((batch["labels"][mine] != -100).sum())})
-    dtypes = sorted({str(module.compute_dtype) for module in model.modules() if isinstance(module, NKIGroupedExperts)}
-                    | {str(param.dtype) for param in model.parameters()})
-    result = {"rank": rank, "world": world, "dtypes": dtypes, "aux_coef": trainer.config.moe.aux_loss,
-              "z_coef": trainer.config.moe.z_loss, "watch_coefs": [watch.aux_coef, watch.z_coef],
-              "accumulation": trainer.gradient_accumulation_steps, "steps": found}
+        found.append(
+            {
+                "step": trainer.step,
+                "metrics": seen.steps.get(trainer.step),
+                "last": watch.last,
+                "rows": counted,
+                "labels": int((batch["labels"][mine] != -100).sum()),
+            }
+        )
+    dtypes = sorted(
+        {str(module.compute_dtype) for module in model.modules() if isinstance(module, NKIGroupedExperts)}
+        | {str(param.dtype) for param in model.parameters()}
+    )
+    result = {
+        "rank": rank,
+        "world": world,
+        "dtypes": dtypes,
+        "aux_coef": trainer.config.moe.aux_loss,
+        "z_coef": trainer.config.moe.z_loss,
+        "watch_coefs": [watch.aux_coef, watch.z_coef],
+        "accumulation": trainer.gradient_accumulation_steps,
+        "steps": found,
+    }
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     if rank == 0:
         torch.save(grads, Path(out, "grads.pt"))

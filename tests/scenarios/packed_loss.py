@@ -20,8 +20,11 @@ from neuron_qwen3.data.packing import Packer, fit  # noqa: E402
 from neuron_qwen3.data.tokens import Encoder  # noqa: E402
 
 SEQ_LEN = 512  # longer than the smoke configs' windows: more conversations share one, more to leak if masks did
-VARIANTS = {"native": config_registry.native_qwen3_smoke, "v5": config_registry.v5_qwen3_smoke,
-            "nki_moe": config_registry.nki_moe_qwen3_smoke}
+VARIANTS = {
+    "native": config_registry.native_qwen3_smoke,
+    "v5": config_registry.v5_qwen3_smoke,
+    "nki_moe": config_registry.nki_moe_qwen3_smoke,
+}
 
 
 def conversations():
@@ -33,9 +36,11 @@ def conversations():
         for turn in range(1 + i % 4):
             messages += [{"role": "user", "content": f"{i}+{turn}?"}, {"role": "assistant", "content": f"{i + turn}"}]
         talks.append(messages)
-    talks[3][-1:] = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add",
-                                                                                       "arguments": {"a": 3}}}]},
-                     {"role": "tool", "content": "6"}, {"role": "assistant", "content": "6"}]
+    talks[3][-1:] = [
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add", "arguments": {"a": 3}}}]},
+        {"role": "tool", "content": "6"},
+        {"role": "assistant", "content": "6"},
+    ]
     return talks
 
 
@@ -63,8 +68,9 @@ def loss_sum(model, inputs, labels, native: bool):
     masks = {"attention_masks": model.get_attention_masks(positions)} if native else {}
     with torch.no_grad():
         logits = model(inputs["input"], positions=positions, **masks)
-    total = torch.nn.functional.cross_entropy(logits.flatten(0, 1).double(), labels.flatten(), ignore_index=-100,
-                                              reduction="sum")
+    total = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1).double(), labels.flatten(), ignore_index=-100, reduction="sum"
+    )
     return total.item(), (labels != -100).sum().item()
 
 
@@ -104,8 +110,10 @@ def main() -> None:
     one_by_one = sum(s for s, _ in alone) / sum(n for _, n in alone)
     assert count == sum(n for _, n in alone)
     packed /= count
-    print(f"windows={packed_inputs['input'].shape[0]} packed={packed:.10f} alone={one_by_one:.10f} "
-          f"rel={abs(packed - one_by_one) / one_by_one:.3e}")
+    print(
+        f"windows={packed_inputs['input'].shape[0]} packed={packed:.10f} alone={one_by_one:.10f} "
+        f"rel={abs(packed - one_by_one) / one_by_one:.3e}"
+    )
 
 
 if __name__ == "__main__":

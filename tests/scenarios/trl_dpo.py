@@ -18,15 +18,37 @@ from trl import DPOConfig, DPOTrainer
 policy, reference, pairs, tokenizer_folder, beta, lr, loss_type = sys.argv[1:8]
 records = [json.loads(line) for line in open(pairs) if line.strip()]
 torch.manual_seed(0)
-args = DPOConfig(output_dir="/tmp/trl-dpo-unused", beta=float(beta), learning_rate=float(lr), loss_type=[loss_type],
-                 lr_scheduler_type="constant", max_steps=1, per_device_train_batch_size=len(records),
-                 weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-8, max_grad_norm=1.0,
-                 max_length=None, report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
-                 dataloader_drop_last=False, bf16=False, fp16=False, seed=0, data_seed=0)
-trainer = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32),
-                     ref_model=AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32), args=args,
-                     train_dataset=Dataset.from_list(records),
-                     processing_class=AutoTokenizer.from_pretrained(tokenizer_folder))
+args = DPOConfig(
+    output_dir="/tmp/trl-dpo-unused",
+    beta=float(beta),
+    learning_rate=float(lr),
+    loss_type=[loss_type],
+    lr_scheduler_type="constant",
+    max_steps=1,
+    per_device_train_batch_size=len(records),
+    weight_decay=0.0,
+    adam_beta1=0.9,
+    adam_beta2=0.95,
+    adam_epsilon=1e-8,
+    max_grad_norm=1.0,
+    max_length=None,
+    report_to=[],
+    use_cpu=True,
+    save_strategy="no",
+    logging_strategy="no",
+    dataloader_drop_last=False,
+    bf16=False,
+    fp16=False,
+    seed=0,
+    data_seed=0,
+)
+trainer = DPOTrainer(
+    model=AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32),
+    ref_model=AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32),
+    args=args,
+    train_dataset=Dataset.from_list(records),
+    processing_class=AutoTokenizer.from_pretrained(tokenizer_folder),
+)
 batch = next(iter(trainer.get_train_dataloader()))
 assert batch["input_ids"].shape[0] == 2 * len(records)
 

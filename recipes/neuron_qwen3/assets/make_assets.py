@@ -98,7 +98,9 @@ CHAT_TEMPLATE = """\
 {%- endif %}
 """
 
-NOUNS = "cat dog river engineer kernel compiler tensor router expert cluster node chip teacher garden city model".split()
+NOUNS = (
+    "cat dog river engineer kernel compiler tensor router expert cluster node chip teacher garden city model".split()
+)
 ADJECTIVES = "quiet bright slow rapid patient careful large small warm cold sparse dense".split()
 VERBS = "reads follows builds trains measures moves sorts watches carries checks".split()
 PLACES = "near the river|in the lab|on the hill|under the bridge|inside the data centre|beside the old mill".split("|")
@@ -155,9 +157,14 @@ def make_tokenizer(docs: list[str]) -> Tokenizer:
 
 def hf_model_config(shape: shapes.Shape, eos_id: int) -> dict:
     """A config.json of `shape` (shapes.py) as transformers writes it, for the v5 variant's AutoConfig offline."""
-    return {**shapes.hf_config(shape, eos_id), "max_position_embeddings": shapes.MAX_POSITIONS,
-            "rope_parameters": {"rope_type": "default", "rope_theta": shapes.ROPE_THETA}, "rms_norm_eps": 1e-6,
-            "bos_token_id": None, "torch_dtype": "float32"}
+    return {
+        **shapes.hf_config(shape, eos_id),
+        "max_position_embeddings": shapes.MAX_POSITIONS,
+        "rope_parameters": {"rope_type": "default", "rope_theta": shapes.ROPE_THETA},
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": None,
+        "torch_dtype": "float32",
+    }
 
 
 def write_hf_configs(eos_id: int, root: Path = HERE) -> None:

@@ -41,7 +41,7 @@ import socket
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 from torchtitan.components.loss import IGNORE_INDEX
@@ -58,8 +58,16 @@ CODE = (records, conversations, tokens, dataset)  # a record's tokens are theirs
 LIBRARIES = ("tokenizers", "transformers", "jinja2")
 SERIAL = 2048  # fewer records are tokenized in this process: a spawned one first spends seconds on its imports
 CHUNK = (256, 2048)  # records per chunk, least and most: about 8 chunks a process, so the processes end together
-INDEX = np.dtype([("chunk", "<i4"), ("offset", "<i8"), ("length", "<i4"), ("messages", "<i4"), ("turns", "<i8"),
-                  ("turn_count", "<i4")])
+INDEX = np.dtype(
+    [
+        ("chunk", "<i4"),
+        ("offset", "<i8"),
+        ("length", "<i4"),
+        ("messages", "<i4"),
+        ("turns", "<i8"),
+        ("turn_count", "<i4"),
+    ]
+)
 TMP = re.compile(r".+\.tmp-(.+)-(\d+)")
 STALE_S = 86400  # a tmp folder untouched this long is a dead builder's, whichever host it ran on
 HOST = socket.gethostname()
@@ -94,11 +102,16 @@ class Tokens:
         for i in sorted(indices):
             chunk, offset, length, messages, at, count = self.index[i].item()
             if mapped is None or mapped[0] != chunk:
-                mapped = chunk, *(np.load(os.path.join(self.folder, f"{name}-{chunk}.npy"), mmap_mode="r")
-                                  for name in ("ids", "mask"))
-            ids, mask = (array[offset:offset + length] for array in mapped[1:])
+                mapped = (
+                    chunk,
+                    *(
+                        np.load(os.path.join(self.folder, f"{name}-{chunk}.npy"), mmap_mode="r")
+                        for name in ("ids", "mask")
+                    ),
+                )
+            ids, mask = (array[offset : offset + length] for array in mapped[1:])
             labels = np.where(mask[1:] != 0, ids[1:], IGNORE_INDEX)
-            yield i, Document(ids.tolist(), labels.tolist(), self.turns[at:at + count].tolist(), messages)
+            yield i, Document(ids.tolist(), labels.tolist(), self.turns[at : at + count].tolist(), messages)
 
     def origin(self, i: int) -> str:
         if self._table is None:
@@ -117,8 +130,10 @@ def prepare(cache_dir: str, source: str, field: str, train_on: str, folder: str,
     """The cache of local table `source` tokenized with the tokenizer of `folder`: opened when complete (a hit),
     else built here or, when another process holds the lock, waited for. A bad record raises its DataError."""
     if getattr(multiprocessing.current_process(), "_inheriting", False):  # multiprocessing's own test (spawn.py)
-        raise DataError("a token cache build process imported a main module that opens the data again: guard "
-                        "the script's entry with `if __name__ == '__main__':`")
+        raise DataError(
+            "a token cache build process imported a main module that opens the data again: guard "
+            "the script's entry with `if __name__ == '__main__':`"
+        )
     start = time.perf_counter()
     try:
         final = os.path.join(cache_dir, key(cache_dir, source, field, train_on, folder))
@@ -150,9 +165,17 @@ def key(cache_dir: str, source: str, field: str, train_on: str, folder: str) -> 
     except DataError:  # a tokenizer without one: text only
         template = None
     code = [hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest() for module in CODE]
-    what = {"format": FORMAT, "files": kind, "field": field, "train_on": train_on, "data": digests[:len(files)],
-            "tokenizer": dict(zip(map(os.path.basename, tokenizer), digests[len(files):])), "template": template,
-            "code": code, "libraries": {name: importlib.metadata.version(name) for name in LIBRARIES}}
+    what = {
+        "format": FORMAT,
+        "files": kind,
+        "field": field,
+        "train_on": train_on,
+        "data": digests[: len(files)],
+        "tokenizer": dict(zip(map(os.path.basename, tokenizer), digests[len(files) :])),
+        "template": template,
+        "code": code,
+        "libraries": {name: importlib.metadata.version(name) for name in LIBRARIES},
+    }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -177,8 +200,7 @@ def file_hashes(cache_dir: str, paths: list) -> list:
     return digests
 
 
-def build(final: str, source: str, field: str, train_on: str, folder: str, processes: int = 0,
-          chunk: int = 0) -> None:
+def build(final: str, source: str, field: str, train_on: str, folder: str, processes: int = 0, chunk: int = 0) -> None:
     """Every record of `source` tokenized into the cache `final`, chunk by chunk on `processes` processes (0: one
     per core this process may run on, or this process alone for fewer than SERIAL records). Built in a tmp
     folder, renamed into place when complete; nothing is kept when a record is bad (the first by index is named)."""
@@ -186,8 +208,9 @@ def build(final: str, source: str, field: str, train_on: str, folder: str, proce
     table = records.local_table(source)
     kind, count = dataset.kind_of(table.record(0), field, table.origin(0)), len(table)
     if kind == "pair":
-        raise Uncached(f"{source}: preference pairs are tokenized as they are read (the cache keeps one document a "
-                       "record)")
+        raise Uncached(
+            f"{source}: preference pairs are tokenized as they are read (the cache keeps one document a record)"
+        )
     processes = processes or (1 if count < SERIAL else len(os.sched_getaffinity(0)))
     chunk = chunk or min(CHUNK[1], max(CHUNK[0], -(-count // (8 * processes))))
     spans = [(k, start, min(start + chunk, count)) for k, start in enumerate(range(0, count, chunk))]
@@ -199,8 +222,12 @@ def build(final: str, source: str, field: str, train_on: str, folder: str, proce
             _start(*args)
             parts = [_chunk(span) for span in spans]
         else:
-            pool = ProcessPoolExecutor(min(processes, len(spans)), mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_start, initargs=args)
+            pool = ProcessPoolExecutor(
+                min(processes, len(spans)),
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start,
+                initargs=args,
+            )
             try:
                 parts = list(pool.map(_chunk, spans))  # in order: the first error met is the first bad record's
             finally:
@@ -259,9 +286,18 @@ def _index(tmp: str, kind: str, source: str, parts: list, seconds: float) -> Non
     np.save(os.path.join(tmp, "index.npy"), index)
     np.save(os.path.join(tmp, "turns.npy"), np.concatenate([part[1] for part in parts]))
     sizes = {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
-    _write_json(os.path.join(tmp, DONE), {"format": FORMAT, "kind": kind, "records": len(index), "source": source,
-                                          "writers": sorted({part[2] for part in parts}), "sizes": sizes,
-                                          "seconds": round(seconds, 3)})
+    _write_json(
+        os.path.join(tmp, DONE),
+        {
+            "format": FORMAT,
+            "kind": kind,
+            "records": len(index),
+            "source": source,
+            "writers": sorted({part[2] for part in parts}),
+            "sizes": sizes,
+            "seconds": round(seconds, 3),
+        },
+    )
 
 
 def _open(final: str, source: str) -> Tokens | None:
@@ -270,8 +306,9 @@ def _open(final: str, source: str) -> Tokens | None:
     try:
         with open(os.path.join(final, DONE)) as f:
             done = json.load(f)
-        if done["format"] != FORMAT or any(os.path.getsize(os.path.join(final, name)) != size
-                                           for name, size in done["sizes"].items()):
+        if done["format"] != FORMAT or any(
+            os.path.getsize(os.path.join(final, name)) != size for name, size in done["sizes"].items()
+        ):
             return None
         return Tokens(final, source, done)
     except (OSError, ValueError, KeyError):
@@ -283,8 +320,11 @@ def _clean(cache_dir: str) -> None:
     for name in os.listdir(cache_dir):
         found, path = TMP.fullmatch(name), os.path.join(cache_dir, name)
         try:
-            if found and os.path.isdir(path) and (found[1] == HOST and not _alive(int(found[2]))
-                                                  or time.time() - os.path.getmtime(path) > STALE_S):
+            if (
+                found
+                and os.path.isdir(path)
+                and (found[1] == HOST and not _alive(int(found[2])) or time.time() - os.path.getmtime(path) > STALE_S)
+            ):
                 shutil.rmtree(path, ignore_errors=True)
         except FileNotFoundError:  # another builder's clean-up was first
             pass

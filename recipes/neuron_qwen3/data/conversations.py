@@ -8,8 +8,13 @@ raises `Problem` with what is wrong; the caller adds where the record is.
 import json
 
 ROLES = ("system", "user", "assistant", "tool")
-SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "function_call": "assistant",
-                  "observation": "tool"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "gpt": "assistant",
+    "system": "system",
+    "function_call": "assistant",
+    "observation": "tool",
+}
 
 
 class Problem(ValueError):

@@ -57,8 +57,11 @@ def documents(record: dict, kind: str, field: str, encoder: Encoder, seq_len: in
 def blank(seq_len: int, pad_id: int, records: bool = False):
     """A window that counts for nothing (every label IGNORE_INDEX): what a rank yields once its data has ended, so
     every rank takes part in every step (the loss divides by the tokens that count, summed over the ranks)."""
-    window = {"input": torch.full((seq_len,), pad_id), "positions": torch.arange(seq_len),
-              "real": torch.zeros(seq_len, dtype=torch.bool)}
+    window = {
+        "input": torch.full((seq_len,), pad_id),
+        "positions": torch.arange(seq_len),
+        "real": torch.zeros(seq_len, dtype=torch.bool),
+    }
     if records:  # as the pairs' windows it is batched with (packing.py)
         window["record"] = torch.full((seq_len,), -1)
     return window, torch.full((seq_len,), IGNORE_INDEX)
@@ -87,8 +90,18 @@ class PackedDataset(IterableDataset, Stateful):
     """`tokens`: the token cache (data/cache.py) the reader's indices are read from; None: each record is read
     and tokenized here."""
 
-    def __init__(self, reader, kind: str, field: str, encoder: Encoder, seq_len: int, pad_id: int,
-                 infinite: bool, epochs: int = 0, tokens=None):
+    def __init__(
+        self,
+        reader,
+        kind: str,
+        field: str,
+        encoder: Encoder,
+        seq_len: int,
+        pad_id: int,
+        infinite: bool,
+        epochs: int = 0,
+        tokens=None,
+    ):
         self.reader, self.kind, self.field, self.encoder, self.tokens = reader, kind, field, encoder, tokens
         self.seq_len, self.pad_id, self.infinite, self.epochs = seq_len, pad_id, infinite, epochs
         self.packer = Packer(seq_len, pad_id, whole=kind != "text", records=kind == "pair")
@@ -109,7 +122,7 @@ class PackedDataset(IterableDataset, Stateful):
             if item is not None:
                 docs = self._documents(*item)
                 for k, doc in enumerate(docs):  # a pair: the rejected goes in the chosen's window
-                    room = sum(len(d.labels) for d in docs[k + 1:]) if self.kind == "pair" else 0
+                    room = sum(len(d.labels) for d in docs[k + 1 :]) if self.kind == "pair" else 0
                     self.packer.push(doc, room, record=item[0])
                 continue
             window = self.packer.flush()  # the epoch ends with the rest of its data, padded
@@ -133,32 +146,45 @@ class PackedDataset(IterableDataset, Stateful):
             mine[0] += 1
             mine[1] += sum(d.trained for d in docs)
         if cut and self.counts["truncated"] + self.counts["split"] + self.counts["dropped"] <= LOGGED_CUTS:
-            how = {"truncated": "truncated at a turn boundary", "split": "split (no turn boundary fits)",
-                   "dropped": "the pair dropped"}[cut]
+            how = {
+                "truncated": "truncated at a turn boundary",
+                "split": "split (no turn boundary fits)",
+                "dropped": "the pair dropped",
+            }[cut]
             size = sum(len(d.labels) for d in doc) if isinstance(doc, tuple) else len(doc.ids)
-            logger.warning(f"{self.reader.origin(i)}: {size} tokens, longer than seq_len {self.seq_len}: {how}; "
-                           f"{self.counts['truncated']} truncated, {self.counts['split']} split and "
-                           f"{self.counts['dropped']} pairs dropped so far (all are counted in each epoch's summary)")
+            logger.warning(
+                f"{self.reader.origin(i)}: {size} tokens, longer than seq_len {self.seq_len}: {how}; "
+                f"{self.counts['truncated']} truncated, {self.counts['split']} split and "
+                f"{self.counts['dropped']} pairs dropped so far (all are counted in each epoch's summary)"
+            )
         return docs
 
     def _log_epoch(self) -> None:
         c = self.counts
-        logger.info(f"data: epoch {self.reader.epoch} read: {c['records']} records, {c['turns']} turns, "
-                    f"{c['tokens_trained']} tokens trained, {c['tokens_masked']} masked, {self.packer.padding} "
-                    f"padding; longer than seq_len {self.seq_len}: {c['truncated']} truncated at a turn boundary, "
-                    f"{c['split']} split, {c['dropped']} pairs dropped ({c['tokens_cut']} tokens left out)")
+        logger.info(
+            f"data: epoch {self.reader.epoch} read: {c['records']} records, {c['turns']} turns, "
+            f"{c['tokens_trained']} tokens trained, {c['tokens_masked']} masked, {self.packer.padding} "
+            f"padding; longer than seq_len {self.seq_len}: {c['truncated']} truncated at a turn boundary, "
+            f"{c['split']} split, {c['dropped']} pairs dropped ({c['tokens_cut']} tokens left out)"
+        )
 
     def stats(self) -> dict:
         """What this rank has read; a mix's also by source ({path: {records, tokens_trained}})."""
         found = {"kind": self.kind, "epoch": self.reader.epoch, **self.counts, "tokens_padding": self.packer.padding}
         if self.by_source:
-            found["sources"] = {name: {"records": n, "tokens_trained": trained}
-                                for name, (n, trained) in zip(self.sources.names, self.by_source)}
+            found["sources"] = {
+                name: {"records": n, "tokens_trained": trained}
+                for name, (n, trained) in zip(self.sources.names, self.by_source)
+            }
         return found
 
     def state_dict(self) -> dict:
-        return {"reader": self.reader.state_dict(), "packer": self.packer.state_dict(), "counts": dict(self.counts),
-                **({"by_source": [list(pair) for pair in self.by_source]} if self.by_source else {})}
+        return {
+            "reader": self.reader.state_dict(),
+            "packer": self.packer.state_dict(),
+            "counts": dict(self.counts),
+            **({"by_source": [list(pair) for pair in self.by_source]} if self.by_source else {}),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.reader.load_state_dict(state["reader"])

@@ -52,11 +52,25 @@ def plan(config, dp: int) -> Plan:
     table, indices, kind = training_records(loader, tokenizer_of(config))
     per = label_counts(table, indices, kind, config)
     per_rank = global_batch(config.training, dp) // dp
-    counts = tuple(sum(windows([per[i] for i in mix.order(table, indices, loader.seed, rank, dp).epoch(e).tolist()],
-                               seq_len, kind != "text", kind == "pair") for e in range(loader.epochs))
-                   for rank in range(dp))
-    return Plan(loader.epochs, max(-(-count // per_rank) for count in counts), global_batch(config.training, dp),
-                counts, table.stats() if isinstance(table, CACHED) else None)
+    counts = tuple(
+        sum(
+            windows(
+                [per[i] for i in mix.order(table, indices, loader.seed, rank, dp).epoch(e).tolist()],
+                seq_len,
+                kind != "text",
+                kind == "pair",
+            )
+            for e in range(loader.epochs)
+        )
+        for rank in range(dp)
+    )
+    return Plan(
+        loader.epochs,
+        max(-(-count // per_rank) for count in counts),
+        global_batch(config.training, dp),
+        counts,
+        table.stats() if isinstance(table, CACHED) else None,
+    )
 
 
 def label_counts(table, indices, kind: str, config) -> list:

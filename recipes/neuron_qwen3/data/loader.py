@@ -38,8 +38,11 @@ def open_source(source: str, config, folder: str) -> tuple:
         opened = [local_source(part.path, config, folder) for part in parts]
         kinds = {part.path: kind for part, (_, kind) in zip(parts, opened)}
         if len(set(kinds.values())) > 1:
-            raise DataError(f"DATASET={source!r} mixes kinds of records ("
-                            + ", ".join(f"{path}: {kind}" for path, kind in kinds.items()) + "): mix one kind")
+            raise DataError(
+                f"DATASET={source!r} mixes kinds of records ("
+                + ", ".join(f"{path}: {kind}" for path, kind in kinds.items())
+                + "): mix one kind"
+            )
         tables = [table for table, _ in opened]
         both = mix.Cached(parts, tables) if isinstance(tables[0], CACHED) else mix.Table(parts, tables)
         return both, opened[0][1]
@@ -65,9 +68,15 @@ def local_source(source: str, config, folder: str) -> tuple:
         except cache.Uncached as why:
             logger.info(f"data: {why}")
         else:
-            logger.info(f"data: token cache {tokens.folder}: " + (
-                "found" if tokens.hit else f"built in {tokens.seconds:.1f} s on {len(tokens.writers)} process"
-                + "es" * (len(tokens.writers) > 1)))
+            logger.info(
+                f"data: token cache {tokens.folder}: "
+                + (
+                    "found"
+                    if tokens.hit
+                    else f"built in {tokens.seconds:.1f} s on {len(tokens.writers)} process"
+                    + "es" * (len(tokens.writers) > 1)
+                )
+            )
             return tokens, tokens.kind
     table = records.local_table(source)
     return table, kind_of(table.record(0), config.field, table.origin(0))
@@ -77,8 +86,9 @@ def training_records(config, folder: str) -> tuple:
     """(table, the indices trained on, kind) of a table source: all but those a VALIDATION fraction holds out."""
     table, found = open_source(config.source, config, folder)
     if not isinstance(table, TABLES):
-        raise DataError(f"{config.source}: streamed, so EPOCHS and a VALIDATION fraction cannot apply: give a "
-                        "local dataset")
+        raise DataError(
+            f"{config.source}: streamed, so EPOCHS and a VALIDATION fraction cannot apply: give a local dataset"
+        )
     share = records.fraction(config.validation)
     indices = np.arange(len(table)) if share is None else records.held_out(len(table), share, config.seed)[0]
     return table, indices, found
@@ -94,8 +104,10 @@ def validation_records(config, folder: str) -> tuple:
         return table, np.arange(len(table)), found
     table, found = open_source(config.source, config, folder)
     if not isinstance(table, TABLES):
-        raise DataError(f"{config.source}: streamed, so VALIDATION={config.validation} cannot hold records out: "
-                        "give a local dataset, or a VALIDATION file")
+        raise DataError(
+            f"{config.source}: streamed, so VALIDATION={config.validation} cannot hold records out: "
+            "give a local dataset, or a VALIDATION file"
+        )
     return table, records.held_out(len(table), share, config.seed)[1], found
 
 
@@ -129,8 +141,11 @@ def tokenizer_of(config) -> str:
 
 def own_tokenizer(tokenizer, folder: str):
     """The tokenizer of `folder` when it is another folder than the trainer's and has one, else the trainer's."""
-    if folder and os.path.abspath(folder) != os.path.abspath(tokenizer.tokenizer_path) \
-            and os.path.isfile(os.path.join(folder, "tokenizer.json")):
+    if (
+        folder
+        and os.path.abspath(folder) != os.path.abspath(tokenizer.tokenizer_path)
+        and os.path.isfile(os.path.join(folder, "tokenizer.json"))
+    ):
         logger.info(f"data: tokenizer and chat template of {folder}")
         return type(tokenizer)(tokenizer_path=folder)
     return tokenizer
@@ -182,32 +197,71 @@ class DataLoader(ParallelAwareDataloader):
             if self.epochs < 0:
                 raise ValueError(f"dataloader.epochs={self.epochs} is not 0 (off) or a positive number of epochs")
 
-    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
-                 local_batch_size: int, snapshot_every_n_steps: int | None = 1, **kwargs):
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer,
+        seq_len: int,
+        local_batch_size: int,
+        snapshot_every_n_steps: int | None = 1,
+        **kwargs,
+    ):
         tokenizer = own_tokenizer(tokenizer, config.tokenizer_folder)
         pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
         encoder = Encoder(tokenizer, config.train_on)
         if config.split == "validation":
             table, indices, found = validation_records(config, tokenizer.tokenizer_path)
             reader = table_reader(table, records.Order(indices, config.seed, 0, 1))  # the whole set, each rank
-            dataset = Shares(PackedDataset(reader, found, config.field, encoder, seq_len, pad, infinite=False,
-                                           tokens=cached(reader)), dp_rank, dp_world_size, local_batch_size)
-            logger.info(f"data: validation: {len(indices)} records of {len(table)} in "
-                        f"{config.source if records.fraction(config.validation) else config.validation}")
+            dataset = Shares(
+                PackedDataset(
+                    reader, found, config.field, encoder, seq_len, pad, infinite=False, tokens=cached(reader)
+                ),
+                dp_rank,
+                dp_world_size,
+                local_batch_size,
+            )
+            logger.info(
+                f"data: validation: {len(indices)} records of {len(table)} in "
+                f"{config.source if records.fraction(config.validation) else config.validation}"
+            )
         else:
             reader, found = open_reader(config, dp_rank, dp_world_size, tokenizer.tokenizer_path)
-            share = f", {reader.per_epoch} of {len(reader.table)} records per epoch on this rank" \
-                if isinstance(reader, records.TableReader) else " (streamed)"
-            logger.info(f"data: {config.source}: {found}{share}, field {config.field!r}"
-                        + (f", train_on={config.train_on}" if found == "chat" else "")
-                        + (f", {config.epochs} epochs" if config.epochs else ""))
-            dataset = PackedDataset(reader, found, config.field, encoder, seq_len, pad, config.infinite,
-                                    config.epochs, tokens=cached(reader))
+            share = (
+                f", {reader.per_epoch} of {len(reader.table)} records per epoch on this rank"
+                if isinstance(reader, records.TableReader)
+                else " (streamed)"
+            )
+            logger.info(
+                f"data: {config.source}: {found}{share}, field {config.field!r}"
+                + (f", train_on={config.train_on}" if found == "chat" else "")
+                + (f", {config.epochs} epochs" if config.epochs else "")
+            )
+            dataset = PackedDataset(
+                reader,
+                found,
+                config.field,
+                encoder,
+                seq_len,
+                pad,
+                config.infinite,
+                config.epochs,
+                tokens=cached(reader),
+            )
         self.cache = cached(reader).stats() if cached(reader) else None
-        super().__init__(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, num_workers=config.num_workers,
-                         persistent_workers=config.persistent_workers, pin_memory=config.pin_memory,
-                         prefetch_factor=config.prefetch_factor, snapshot_every_n_steps=snapshot_every_n_steps,
-                         batch_size=local_batch_size)
+        super().__init__(
+            dataset,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            num_workers=config.num_workers,
+            persistent_workers=config.persistent_workers,
+            pin_memory=config.pin_memory,
+            prefetch_factor=config.prefetch_factor,
+            snapshot_every_n_steps=snapshot_every_n_steps,
+            batch_size=local_batch_size,
+        )
 
     def stats(self) -> dict:
         """What this rank has read so far, for the run report: kind, epoch, records, turns, tokens_trained,

@@ -43,8 +43,9 @@ def parse(source: str) -> list[Part] | None:
         return None
     for piece, match in zip(pieces, found):
         if not match:
-            raise DataError(f"DATASET={source!r}: {piece.strip()!r} has no weight: a mix is path:weight,... like "
-                            f"{EXAMPLE}")
+            raise DataError(
+                f"DATASET={source!r}: {piece.strip()!r} has no weight: a mix is path:weight,... like {EXAMPLE}"
+            )
         if float(match["weight"]) <= 0:
             raise DataError(f"DATASET={source!r}: {piece.strip()!r}: a weight is a number above 0")
     parts = [Part(match["path"], float(match["weight"])) for match in found]
@@ -53,8 +54,9 @@ def parse(source: str) -> list[Part] | None:
         if not os.path.exists(part.path):
             raise DataError(f"DATASET={source!r}: {part.path} does not exist (a mix takes local files and folders)")
         if paths.count(part.path) > 1:
-            raise DataError(f"DATASET={source!r}: {part.path} is given twice: give it once, with the sum of its "
-                            "weights")
+            raise DataError(
+                f"DATASET={source!r}: {part.path} is given twice: give it once, with the sum of its weights"
+            )
     return parts
 
 
@@ -69,6 +71,7 @@ def local_paths(source: str) -> list[str] | None:
 @dataclass(frozen=True)
 class Sources:
     """Which records of a mix's table are whose: source k holds indices [ends[k-1], ends[k])."""
+
     names: tuple
     weights: tuple
     ends: tuple
@@ -121,15 +124,19 @@ class Cached:
     def stats(self) -> dict:
         """The caches of the sources, as one: hit when every source's was; the preparation of them all."""
         built = [c.built_s for c in self.parts]
-        return {"hit": all(c.hit for c in self.parts), "prepare_s": round(sum(c.seconds for c in self.parts), 3),
-                "built_s": None if None in built else round(sum(built), 3), "folder": [c.folder for c in self.parts]}
+        return {
+            "hit": all(c.hit for c in self.parts),
+            "prepare_s": round(sum(c.seconds for c in self.parts), 3),
+            "built_s": None if None in built else round(sum(built), 3),
+            "folder": [c.folder for c in self.parts],
+        }
 
 
 def shares(total: int, weights) -> np.ndarray:
     """`total` records apportioned by `weights` (largest remainders: the counts sum to `total` exactly)."""
     exact = np.asarray(weights, dtype=np.float64) / sum(weights) * total
     counts = np.floor(exact).astype(np.int64)
-    counts[np.argsort(counts - exact, kind="stable")[:total - counts.sum()]] += 1
+    counts[np.argsort(counts - exact, kind="stable")[: total - counts.sum()]] += 1
     return counts
 
 
@@ -158,13 +165,14 @@ class Order(records.Order):
             return pool[:0]
         first, last = epoch * count, (epoch + 1) * count
         passes = range(first // len(pool), (last - 1) // len(pool) + 1)
-        stream = np.concatenate([pool[np.random.default_rng([self.seed, k, DRAW, p]).permutation(len(pool))]
-                                 for p in passes])
-        return stream[first - passes[0] * len(pool):last - passes[0] * len(pool)]
+        stream = np.concatenate(
+            [pool[np.random.default_rng([self.seed, k, DRAW, p]).permutation(len(pool))] for p in passes]
+        )
+        return stream[first - passes[0] * len(pool) : last - passes[0] * len(pool)]
 
     def epoch(self, epoch: int) -> np.ndarray:
         drawn = np.concatenate([self.drawn(k, epoch) for k in range(len(self.pools))])
-        return drawn[np.random.default_rng([self.seed, epoch]).permutation(len(drawn))][self.rank::self.world]
+        return drawn[np.random.default_rng([self.seed, epoch]).permutation(len(drawn))][self.rank :: self.world]
 
 
 def order(table, indices: np.ndarray, seed: int, rank: int, world: int) -> records.Order:

@@ -25,9 +25,11 @@ def fit(doc: Document, seq_len: int) -> tuple[list, str | None]:
     first = next((i for i, label in enumerate(doc.labels) if label != IGNORE_INDEX), len(doc.labels))
     cut = max((turn for turn in doc.turns if first + 1 < turn <= seq_len + 1), default=None)
     if cut is not None:
-        return [Document(doc.ids[:cut], doc.labels[:cut - 1], doc.turns, doc.messages)], "truncated"
-    pieces = [Document(doc.ids[at:at + seq_len + 1], doc.labels[at:at + seq_len], [], doc.messages)
-              for at in range(0, len(doc.labels), seq_len)]
+        return [Document(doc.ids[:cut], doc.labels[: cut - 1], doc.turns, doc.messages)], "truncated"
+    pieces = [
+        Document(doc.ids[at : at + seq_len + 1], doc.labels[at : at + seq_len], [], doc.messages)
+        for at in range(0, len(doc.labels), seq_len)
+    ]
     return [piece for piece in pieces if piece.trained], "split"
 
 
@@ -38,7 +40,7 @@ def windows(lengths: list, seq_len: int, whole: bool, together: bool = False) ->
     made = buffered = 0
     for docs in lengths:
         for k, n in enumerate(docs):
-            room, filled = (sum(docs[k + 1:]) if together else 0), buffered % seq_len
+            room, filled = (sum(docs[k + 1 :]) if together else 0), buffered % seq_len
             if whole and filled and filled + n + room > seq_len:
                 buffered += -buffered % seq_len
             buffered += n
@@ -89,7 +91,7 @@ class Packer:
         del self.inputs[:n], self.labels[:n], self.positions[:n]
         real = torch.ones(n, dtype=torch.bool)
         for start, end in (run for run in self.pad_from if run[0] < n):
-            real[start:min(end, n)] = False
+            real[start : min(end, n)] = False
         self.pad_from = [(max(0, start - n), end - n) for start, end in self.pad_from if end > n]
         offset = positions[0]  # a document continued from the previous window restarts at 0
         for i in range(n if offset else 0):
@@ -110,8 +112,14 @@ class Packer:
         return self.pop()
 
     def state_dict(self) -> dict:
-        return {"inputs": self.inputs, "labels": self.labels, "positions": self.positions, "padding": self.padding,
-                "pad_from": self.pad_from, **({"records": self.records} if self.records is not None else {})}
+        return {
+            "inputs": self.inputs,
+            "labels": self.labels,
+            "positions": self.positions,
+            "padding": self.padding,
+            "pad_from": self.pad_from,
+            **({"records": self.records} if self.records is not None else {}),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.inputs, self.labels = list(state["inputs"]), list(state["labels"])

@@ -40,8 +40,10 @@ def pair(record: dict) -> Pair:
     if isinstance(chosen, str) or isinstance(rejected, str):
         for name in ("prompt", *FIELDS):
             if not isinstance(record.get(name), str):
-                raise Problem(f"{name} is not a string ({'missing' if name not in record else _short(record[name])})"
-                              ": a text pair has prompt, chosen and rejected strings")
+                raise Problem(
+                    f"{name} is not a string ({'missing' if name not in record else _short(record[name])})"
+                    ": a text pair has prompt, chosen and rejected strings"
+                )
         if chosen == rejected:
             raise Problem("chosen and rejected are the same")
         return Pair(record["prompt"], chosen, rejected)
@@ -84,8 +86,9 @@ def _split(chosen: list, rejected: list) -> tuple:
     for name, messages in zip(FIELDS, (chosen, rejected)):
         if k < len(messages) and messages[k]["role"] != "assistant":
             role = messages[k]["role"]
-            raise Problem(f"chosen and rejected have different prompts: message {k + 1} differs, a {role} turn in "
-                          f"{name}")
+            raise Problem(
+                f"chosen and rejected have different prompts: message {k + 1} differs, a {role} turn in {name}"
+            )
     return chosen[:k], chosen[k:], rejected[k:]
 
 
@@ -104,13 +107,18 @@ def encode(p: Pair, encoder) -> tuple[Document, Document]:
     if isinstance(p.prompt, str):
         eos = encoder.tokenizer.eos_token or ""
         prompt = tokenizer.encode(p.prompt, add_special_tokens=False).ids
-        wholes = [tokenizer.encode(p.prompt + answer + ("" if answer.endswith(eos) else eos),
-                                   add_special_tokens=False).ids for answer in (p.chosen, p.rejected)]
+        wholes = [
+            tokenizer.encode(p.prompt + answer + ("" if answer.endswith(eos) else eos), add_special_tokens=False).ids
+            for answer in (p.chosen, p.rejected)
+        ]
     else:
-        prompt = tokenizer.encode(encoder.render(p.prompt, p.tools, add_generation_prompt=True),
-                                  add_special_tokens=False).ids
-        wholes = [tokenizer.encode(encoder.render(p.prompt + answer, p.tools), add_special_tokens=False).ids
-                  for answer in (p.chosen, p.rejected)]
+        prompt = tokenizer.encode(
+            encoder.render(p.prompt, p.tools, add_generation_prompt=True), add_special_tokens=False
+        ).ids
+        wholes = [
+            tokenizer.encode(encoder.render(p.prompt + answer, p.tools), add_special_tokens=False).ids
+            for answer in (p.chosen, p.rejected)
+        ]
     start = max(1, min(_common(prompt, whole) for whole in wholes))
     docs = []
     for name, ids in zip(FIELDS, wholes):

@@ -181,14 +181,18 @@ class Table:
 def local_files(path: str) -> tuple[str, list]:
     """(kind, files) of a .jsonl/.json/.parquet/.txt file, or of a folder holding files of one of those kinds."""
     if os.path.isdir(path):
-        files = sorted(os.path.join(path, name) for name in os.listdir(path)
-                       if os.path.splitext(name)[1] in KINDS and os.path.isfile(os.path.join(path, name)))
+        files = sorted(
+            os.path.join(path, name)
+            for name in os.listdir(path)
+            if os.path.splitext(name)[1] in KINDS and os.path.isfile(os.path.join(path, name))
+        )
         kinds = sorted({KINDS[os.path.splitext(name)[1]] for name in files})
         if not kinds:
             raise DataError(f"{path}: holds no {', '.join(KINDS)} file")
         if len(kinds) > 1:
-            raise DataError(f"{path}: holds {' and '.join('.' + kind for kind in kinds)} files: a folder must hold "
-                            "one kind")
+            raise DataError(
+                f"{path}: holds {' and '.join('.' + kind for kind in kinds)} files: a folder must hold one kind"
+            )
         return kinds[0], files
     suffix = os.path.splitext(path)[1]
     if suffix not in KINDS:
@@ -254,7 +258,7 @@ class Order:
 
     def epoch(self, epoch: int) -> np.ndarray:
         shuffled = self.indices[np.random.default_rng([self.seed, epoch]).permutation(len(self.indices))]
-        return shuffled[self.rank::self.world]
+        return shuffled[self.rank :: self.world]
 
     def signature(self) -> list:
         """What else than the record count decides the order, kept in a checkpoint: nothing here (a mix's
@@ -292,13 +296,14 @@ class TableReader:
         self._ids = self.order.epoch(self.epoch)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor, "records": len(self.table),
-                "order": self.order.signature()}
+        return {"epoch": self.epoch, "cursor": self.cursor, "records": len(self.table), "order": self.order.signature()}
 
     def load_state_dict(self, state: dict) -> None:
         if state["records"] != len(self.table):
-            raise DataError(f"the checkpoint was taken on {state['records']} records, the data now holds "
-                            f"{len(self.table)}: resume on the same data")
+            raise DataError(
+                f"the checkpoint was taken on {state['records']} records, the data now holds "
+                f"{len(self.table)}: resume on the same data"
+            )
         taken = state.get("order", [])  # a checkpoint from before mixes: one source
         if taken != self.order.signature():
             was, now = (",".join(signature) or "one source" for signature in (taken, self.order.signature()))

@@ -16,8 +16,13 @@ class Scan:
     counts: dict = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))  # what was read up to it
 
 
-def scan(path: str, field: str = "text", train_on: str = "assistant", tokenizer_folder: str | None = None,
-         seq_len: int = 2048) -> Scan:
+def scan(
+    path: str,
+    field: str = "text",
+    train_on: str = "assistant",
+    tokenizer_folder: str | None = None,
+    seq_len: int = 2048,
+) -> Scan:
     """Read every record of `path` (a file or a folder of one kind). With `tokenizer_folder` each one is also
     rendered, tokenized and masked (template errors found, tokens counted); without it, formats only."""
     result = Scan(None)
@@ -81,5 +86,8 @@ def method_problem(dpo: bool, kind: str | None, path: str) -> str | None:
     """The data's kind against METHOD: preference pairs train with dpo, and only they do."""
     if kind is None or dpo == (kind == "pair"):
         return None
-    return (f"DATASET: {path} holds {kind} records; METHOD=dpo trains on preference pairs (prompt, chosen, rejected)"
-            if dpo else f"DATASET: {path} holds preference pairs (chosen, rejected): train them with METHOD=dpo")
+    return (
+        f"DATASET: {path} holds {kind} records; METHOD=dpo trains on preference pairs (prompt, chosen, rejected)"
+        if dpo
+        else f"DATASET: {path} holds preference pairs (chosen, rejected): train them with METHOD=dpo"
+    )

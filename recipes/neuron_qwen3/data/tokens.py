@@ -70,8 +70,10 @@ def chat_template(folder: str) -> tuple[str, dict]:
     if isinstance(template, list):  # named templates: transformers uses "default"
         template = next((t.get("template") for t in template if t.get("name") == "default"), None)
     if not isinstance(template, str):
-        raise DataError(f"{folder}: the tokenizer has no chat template ({TEMPLATE_FILE} or tokenizer_config.json's "
-                        "chat_template): conversations need one")
+        raise DataError(
+            f"{folder}: the tokenizer has no chat template ({TEMPLATE_FILE} or tokenizer_config.json's "
+            "chat_template): conversations need one"
+        )
     return template, specials
 
 
@@ -93,8 +95,10 @@ def trained_spans(text: str, assistants: int, train_on: str) -> tuple[list, list
             body = think.end()
         replies.append((body, end + len(IM_END)))
     if len(replies) != assistants:
-        raise Problem(f"the chat template wrote {len(replies)} {ASSISTANT.strip()} turns for {assistants} assistant "
-                      "messages: the loss mask needs one per message")
+        raise Problem(
+            f"the chat template wrote {len(replies)} {ASSISTANT.strip()} turns for {assistants} assistant "
+            "messages: the loss mask needs one per message"
+        )
     if train_on == "assistant":
         return replies, turns
     if train_on == "last":

@@ -76,13 +76,19 @@ def unwritable(dest) -> str | None:
         if not os.path.isdir(existing):
             raise NotADirectoryError(20, "a file is in the way")
         if existing != os.path.abspath(dest):
-            return None if os.access(existing, os.W_OK | os.X_OK) else f"{dest} (ASSETS_DIR) cannot be made: " \
+            return (
+                None
+                if os.access(existing, os.W_OK | os.X_OK)
+                else f"{dest} (ASSETS_DIR) cannot be made: "
                 f"{existing} is not writable; mount a writable volume at ASSETS_DIR"
+            )
         tempfile.TemporaryFile(dir=dest).close()  # an unnamed file: a read-only mount refuses it, even to root
         return None
     except OSError as error:
-        return f"{dest} (ASSETS_DIR) is not writable: {error.strerror or type(error).__name__}; mount a writable " \
-               "volume at ASSETS_DIR"
+        return (
+            f"{dest} (ASSETS_DIR) is not writable: {error.strerror or type(error).__name__}; mount a writable "
+            "volume at ASSETS_DIR"
+        )
 
 
 def short_of_space(repo, dest, patterns) -> str | None:
@@ -94,13 +100,19 @@ def short_of_space(repo, dest, patterns) -> str | None:
         files = HfApi().model_info(repo, files_metadata=True).siblings or []
     except Exception:
         return None
-    needed = sum(f.size or 0 for f in files if any(fnmatch.fnmatch(f.rfilename, p) for p in patterns)
-                 and not os.path.isfile(os.path.join(dest, f.rfilename)))  # a resumed download fetches the rest
+    needed = sum(
+        f.size or 0
+        for f in files
+        if any(fnmatch.fnmatch(f.rfilename, p) for p in patterns)
+        and not os.path.isfile(os.path.join(dest, f.rfilename))
+    )  # a resumed download fetches the rest
     free = shutil.disk_usage(nearest(dest)).free
     if needed <= free:
         return None
-    return (f"{repo}'s files need {needed / 2**30:.1f} GiB more in {dest} but its disk has {free / 2**30:.1f} GiB "
-            "free: free space there, or mount a larger volume at ASSETS_DIR")
+    return (
+        f"{repo}'s files need {needed / 2**30:.1f} GiB more in {dest} but its disk has {free / 2**30:.1f} GiB "
+        "free: free space there, or mount a larger volume at ASSETS_DIR"
+    )
 
 
 def download(repo, dest, patterns) -> int:
@@ -115,10 +127,13 @@ def download(repo, dest, patterns) -> int:
         snapshot_download(repo_id=repo, local_dir=dest, allow_patterns=patterns)
     except Exception as error:  # network, authorisation, disk: one line, retryable status
         first_line = (str(error).strip().splitlines() or [""])[0]
-        print(f"assets: could not fetch {repo} into {dest}: {type(error).__name__}: {first_line}; to go on, "
-              f"fill it where the Hub is reachable (`hf download {repo} --include "
-              f"{' '.join(repr(p) for p in patterns)} --local-dir {dest}`) or mount a folder that has them at "
-              "ASSETS_DIR", file=sys.stderr)
+        print(
+            f"assets: could not fetch {repo} into {dest}: {type(error).__name__}: {first_line}; to go on, "
+            f"fill it where the Hub is reachable (`hf download {repo} --include "
+            f"{' '.join(repr(p) for p in patterns)} --local-dir {dest}`) or mount a folder that has them at "
+            "ASSETS_DIR",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -140,17 +155,18 @@ def main(argv=None) -> int:
             print(f"assets: {args.dest} has {', '.join(ASSETS)}: not fetching", flush=True)
         return 0
     if args.offline:
-        print(f"assets: {args.dest} has no {', '.join(absent)} and HF_HUB_OFFLINE=1 forbids downloading them: "
-              f"fill ASSETS_DIR first (`hf download {args.repo} --local-dir {args.dest}`) or unset HF_HUB_OFFLINE",
-              file=sys.stderr)
+        print(
+            f"assets: {args.dest} has no {', '.join(absent)} and HF_HUB_OFFLINE=1 forbids downloading them: "
+            f"fill ASSETS_DIR first (`hf download {args.repo} --local-dir {args.dest}`) or unset HF_HUB_OFFLINE",
+            file=sys.stderr,
+        )
         return 2
     if args.check:
         short = unwritable(args.dest)
         if short:
             print(f"assets: {short}", file=sys.stderr)
             return 2
-        print(f"assets: {args.dest} has no {', '.join(absent)}: the launch fetches {args.repo}",
-              flush=True)
+        print(f"assets: {args.dest} has no {', '.join(absent)}: the launch fetches {args.repo}", flush=True)
         return 3
     code = download(args.repo, args.dest, [*ASSETS, *OPTIONAL_ASSETS, *(WEIGHTS if args.weights else ())])
     still = [] if code else missing(args.dest, args.weights)

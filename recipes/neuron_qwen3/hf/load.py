@@ -33,6 +33,7 @@ class LoadError(RuntimeError):
 class Run:
     """Parameter rows [at, at + count) are rows [start, start + count) of the Hugging Face tensor `name`, whose
     shape must be `shape`; or, `whole`, the tensor is parameter row `at` (an expert of the stacked experts)."""
+
     name: str
     shape: tuple
     at: int
@@ -66,8 +67,10 @@ def fused_runs(module: FusedQKVLinear, prefix: str, param: str, shapes: dict, na
     breaks = torch.ones(len(order), dtype=torch.bool)
     breaks[1:] = (order[1:] != order[:-1] + 1) | (owner[1:] != owner[:-1])
     firsts = breaks.nonzero().reshape(-1).tolist()
-    return [Run(names[keys[owner[at]]], tuple(shapes[keys[owner[at]]]), at, int(order[at]) - starts[owner[at]],
-                end - at) for at, end in zip(firsts, firsts[1:] + [len(order)])]
+    return [
+        Run(names[keys[owner[at]]], tuple(shapes[keys[owner[at]]]), at, int(order[at]) - starts[owner[at]], end - at)
+        for at, end in zip(firsts, firsts[1:] + [len(order)])
+    ]
 
 
 def sources(adapter, key: str, value) -> tuple:
@@ -109,11 +112,13 @@ def plans(part, adapter, keep) -> list | None:
         owner_name, _, leaf = module_name.rpartition(".")
         owner = part.get_submodule(owner_name) if leaf == "wqkv" else None
         if isinstance(owner, FusedQKVLinear):
-            prefix = key[:-len(f"wqkv.{param}")]
+            prefix = key[: -len(f"wqkv.{param}")]
             hd, heads = owner.head_dim, value.shape[0] // owner.head_dim // owner.r_dim
-            split = {f"{prefix}wq.{param}": (heads * owner.heads_per_kv * hd, *value.shape[1:]),
-                     f"{prefix}wk.{param}": (heads * hd, *value.shape[1:]),
-                     f"{prefix}wv.{param}": (heads * hd, *value.shape[1:])}
+            split = {
+                f"{prefix}wq.{param}": (heads * owner.heads_per_kv * hd, *value.shape[1:]),
+                f"{prefix}wk.{param}": (heads * hd, *value.shape[1:]),
+                f"{prefix}wv.{param}": (heads * hd, *value.shape[1:]),
+            }
             names = {k: next(iter(adapter.to_hf({k: torch.empty(s, device="meta")}))) for k, s in split.items()}
             found.append((local, first, fused_runs(owner, prefix, param, split, names)))
             continue
@@ -149,7 +154,7 @@ class Files:
         if run.whole:
             return piece[:].unsqueeze(0)
         first = run.start + low - run.at
-        return piece[first:first + high - low]
+        return piece[first : first + high - low]
 
 
 def copy_rows(files: Files, local, first: int, runs_of: list) -> None:
@@ -157,7 +162,7 @@ def copy_rows(files: Files, local, first: int, runs_of: list) -> None:
     for run in runs_of:
         low, high = max(run.at, first), min(run.at + run.count, first + local.shape[0])
         if low < high:
-            local[low - first:high - first].copy_(files.rows(run, low, high))
+            local[low - first : high - first].copy_(files.rows(run, low, high))
 
 
 @torch.no_grad()

@@ -19,9 +19,18 @@ from torch.distributed.tensor import DTensor, Shard
 
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
-SAFE_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
-               torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-               torch.bool: "BOOL"}
+SAFE_DTYPES = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 
 
 class ExportError(RuntimeError):
@@ -35,6 +44,7 @@ class CoverageError(RuntimeError):
 @dataclass(frozen=True)
 class Entry:
     """One Hugging Face tensor of the export and where its bytes go (`offset`: in its file)."""
+
     name: str
     shape: tuple
     dtype: torch.dtype
@@ -50,6 +60,7 @@ class Unit:
     """One checkpoint tensor and the Hugging Face tensors the adapter makes of it (an MoE layer's stacked experts:
     one per expert), in file order. `slices`: each of those is a contiguous slice of the checkpoint tensor and
     together, in that order, they tile it, so the unit's bytes in the file are the tensor's own, row by row."""
+
     key: str
     entries: tuple
     slices: bool
@@ -115,8 +126,10 @@ def unit_of(adapter, key: str, value, wanted: dict, dtype) -> Unit | None:
     ends = [out[name].storage_offset() + out[name].numel() for name in order]
     starts = [out[name].storage_offset() for name in order]
     slices = views and starts == [0, *ends[:-1]] and ends[-1] == value.numel()
-    entries = tuple(Entry(name, tuple(out[name].shape), dtype if out[name].is_floating_point() else out[name].dtype)
-                    for name in order)
+    entries = tuple(
+        Entry(name, tuple(out[name].shape), dtype if out[name].is_floating_point() else out[name].dtype)
+        for name in order
+    )
     return Unit(key, entries, slices)
 
 
@@ -125,8 +138,11 @@ def header(entries: list) -> bytes:
     with spaces to a multiple of 8 as safetensors pads it."""
     table, start = {"__metadata__": {"format": "pt"}}, 0
     for entry in entries:
-        table[entry.name] = {"dtype": SAFE_DTYPES[entry.dtype], "shape": list(entry.shape),
-                             "data_offsets": [start, start + entry.nbytes]}
+        table[entry.name] = {
+            "dtype": SAFE_DTYPES[entry.dtype],
+            "shape": list(entry.shape),
+            "data_offsets": [start, start + entry.nbytes],
+        }
         start += entry.nbytes
     raw = json.dumps(table, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
@@ -143,8 +159,10 @@ def plan(adapter, shapes: dict, dtype, max_shard_bytes: int) -> Layout:
     units = [u for u in (unit_of(adapter, key, value, wanted, dtype) for key, value in meta.items()) if u]
     missing = set(wanted) - {entry.name for unit in units for entry in unit.entries}
     if missing:
-        raise CoverageError(f"{type(adapter).__name__} does not convert tensor by tensor: {sorted(missing)[:3]} "
-                            "appear only from the whole state dict")
+        raise CoverageError(
+            f"{type(adapter).__name__} does not convert tensor by tensor: {sorted(missing)[:3]} "
+            "appear only from the whole state dict"
+        )
     groups, size = [], 0
     for unit in units:
         if not groups or size + unit.nbytes > max_shard_bytes:
@@ -162,17 +180,24 @@ def plan(adapter, shapes: dict, dtype, max_shard_bytes: int) -> Layout:
                 entries.append(dataclasses.replace(entry, offset=offset))
                 offset += entry.nbytes
             placed.append(dataclasses.replace(unit, entries=tuple(entries), file=file))
-    files = [SAFE_WEIGHTS] if len(groups) == 1 else [
-        f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    files = (
+        [SAFE_WEIGHTS]
+        if len(groups) == 1
+        else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    )
     return Layout(placed, files, headers)
 
 
 def index_json(layout: Layout) -> str:
     """model.safetensors.index.json as transformers' save_pretrained writes it."""
     entries = [(entry, layout.files[unit.file]) for unit in layout.units for entry in unit.entries]
-    index = {"metadata": {"total_parameters": sum(math.prod(e.shape) for e, _ in entries),
-                          "total_size": sum(e.nbytes for e, _ in entries)},
-             "weight_map": {entry.name: file for entry, file in entries}}
+    index = {
+        "metadata": {
+            "total_parameters": sum(math.prod(e.shape) for e, _ in entries),
+            "total_size": sum(e.nbytes for e, _ in entries),
+        },
+        "weight_map": {entry.name: file for entry, file in entries},
+    }
     return json.dumps(index, indent=2, sort_keys=True) + "\n"
 
 

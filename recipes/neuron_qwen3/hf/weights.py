@@ -31,8 +31,16 @@ from neuron_qwen3.hf import load, shards, write
 from neuron_qwen3.lora.adapters import is_adapter_key
 from neuron_qwen3.hf.shards import CoverageError, ExportError  # noqa: F401 (raised from here too)
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "chat_template.jinja", "added_tokens.json", "tokenizer.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "added_tokens.json",
+    "tokenizer.model",
+)
 
 
 def _adapter(trainer):
@@ -66,8 +74,10 @@ def load_hf(trainer, folder: str, keep=lambda key: True) -> bool:
     begin = time.monotonic()
     if not load.load(trainer.model_parts, trainer.checkpointer.sd_adapter, folder, keep):
         return False
-    logger.info(f"Loaded the Hugging Face weights of {folder} in {time.monotonic() - begin:.2f} s, every rank its "
-                "own rows (torchtitan's checkpointer, with no checkpoint to resume, then calls it a fresh start)")
+    logger.info(
+        f"Loaded the Hugging Face weights of {folder} in {time.monotonic() - begin:.2f} s, every rank its "
+        "own rows (torchtitan's checkpointer, with no checkpoint to resume, then calls it a fresh start)"
+    )
     return True
 
 
@@ -75,8 +85,11 @@ def initial_load(trainer) -> None:
     """Before torchtitan's `checkpointer.load`: its initial HF load (INIT_FROM) done by `load_hf`, and then switched
     off, unless a complete checkpoint is there to resume (it wins, as in torchtitan) or the load is quantized."""
     checkpointer = trainer.checkpointer  # without --checkpoint.enable, a manager with no initial load at all
-    if not (checkpointer.enable and checkpointer.initial_load_in_hf and checkpointer.initial_load_path) or \
-            checkpointer.initial_load_in_hf_quantized or complete_step(checkpointer) != -1:
+    if (
+        not (checkpointer.enable and checkpointer.initial_load_in_hf and checkpointer.initial_load_path)
+        or checkpointer.initial_load_in_hf_quantized
+        or complete_step(checkpointer) != -1
+    ):
         return
     if load_hf(trainer, checkpointer.initial_load_path):
         checkpointer.initial_load_path, checkpointer.initial_load_in_hf = None, False
@@ -86,14 +99,19 @@ def check_coverage(trainer) -> None:
     """Raise unless every model weight has a Hugging Face key and comes back from it (on meta: no memory)."""
     if not uses_hf_weights(trainer.config):
         return
-    names = shards.meta_shapes(shards.state_dict_pieces(  # a layer at a time; LoRA's adapters: lora/folders.py
-        trainer.model_parts, keep=lambda key: not is_adapter_key(key)))
+    names = shards.meta_shapes(
+        shards.state_dict_pieces(  # a layer at a time; LoRA's adapters: lora/folders.py
+            trainer.model_parts, keep=lambda key: not is_adapter_key(key)
+        )
+    )
     adapter = _adapter(trainer)
     back = adapter.from_hf(adapter.to_hf(dict(names)))
     lost = sorted(set(names) - set(back))
     if lost:
-        raise CoverageError(f"{type(adapter).__name__} has no Hugging Face key for {len(lost)} weights "
-                            f"(first: {lost[0]}): they would load as random and be missing from an export")
+        raise CoverageError(
+            f"{type(adapter).__name__} has no Hugging Face key for {len(lost)} weights "
+            f"(first: {lost[0]}): they would load as random and be missing from an export"
+        )
 
 
 # ---- config.json of the trained shape ----------------------------------------------------------------------
@@ -104,25 +122,37 @@ def native_hf_config(model_config, base: dict) -> dict:
     first = model_config.layers[0]
     attention, moe = first.attention, first.moe
     shape = dict(
-        vocab_size=model_config.vocab_size, hidden_size=model_config.dim,
-        num_hidden_layers=len(model_config.layers), num_attention_heads=attention.n_heads,
-        num_key_value_heads=attention.n_kv_heads, head_dim=attention.head_dim,
+        vocab_size=model_config.vocab_size,
+        hidden_size=model_config.dim,
+        num_hidden_layers=len(model_config.layers),
+        num_attention_heads=attention.n_heads,
+        num_key_value_heads=attention.n_kv_heads,
+        head_dim=attention.head_dim,
         max_position_embeddings=attention.rope.max_seq_len,
         rope_parameters={"rope_type": "default", "rope_theta": attention.rope.theta},
-        rms_norm_eps=model_config.norm.eps, tie_word_embeddings=model_config.enable_weight_tying,
-        hidden_act="silu", attention_bias=False,
+        rms_norm_eps=model_config.norm.eps,
+        tie_word_embeddings=model_config.enable_weight_tying,
+        hidden_act="silu",
+        attention_bias=False,
     )
     if moe is None:
-        shape.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"],
-                     intermediate_size=first.feed_forward.w1.out_features)
+        shape.update(
+            model_type="qwen3", architectures=["Qwen3ForCausalLM"], intermediate_size=first.feed_forward.w1.out_features
+        )
     else:
         router = moe.router
         assert router.score_func == "softmax" and router.route_scale == 1.0, "not a Qwen3-MoE router"
         experts = "num_local_experts" if "num_local_experts" in base else "num_experts"  # transformers 5's name
-        shape.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], **{experts: moe.num_experts},
-                     num_experts_per_tok=router.top_k, norm_topk_prob=router.route_norm,
-                     moe_intermediate_size=moe.routed_experts.inner_experts.hidden_dim,
-                     decoder_sparse_step=1, mlp_only_layers=[])
+        shape.update(
+            model_type="qwen3_moe",
+            architectures=["Qwen3MoeForCausalLM"],
+            **{experts: moe.num_experts},
+            num_experts_per_tok=router.top_k,
+            norm_topk_prob=router.route_norm,
+            moe_intermediate_size=moe.routed_experts.inner_experts.hidden_dim,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     if "max_position_embeddings" in base:  # torchtitan sizes its RoPE cache to seq_len; the source's limit stands
         del shape["max_position_embeddings"]
     return {**base, **shape}
@@ -137,8 +167,12 @@ def hf_config(trainer, base: dict) -> dict:
         # to_dict, kept to the fields of the model's config class (no torchtitan bookkeeping)
         fields = set(model.model.config_class().to_dict())
         own = {k: v for k, v in PretrainedConfig.to_dict(model.model.config).items() if k in fields}
-        return {**base, **own, "model_type": model.model.config_class.model_type,
-                "architectures": [type(model.model).__name__]}
+        return {
+            **base,
+            **own,
+            "model_type": model.model.config_class.model_type,
+            "architectures": [type(model.model).__name__],
+        }
     return native_hf_config(trainer.model_config, base)
 
 
@@ -148,7 +182,6 @@ def _read_json(path) -> dict:
             return json.load(f)
     except FileNotFoundError:
         return {}
-
 
 
 def model_config_json(trainer, source: str | None, dtype) -> dict:
@@ -162,6 +195,7 @@ def model_config_json(trainer, source: str | None, dtype) -> dict:
 def companions(source: str | None, assets: str | None) -> list:
     """Files copied next to the weights: generation_config.json from the source model (else the assets), and the
     tokenizer files of one folder, the source model's when it has a tokenizer, else the tokenizer trained with."""
+
     def has(folder, name):
         return bool(folder) and os.path.isfile(os.path.join(folder, name))
 
@@ -192,13 +226,24 @@ def export(trainer) -> str | None:
     ranks = write.Ranks()
     try:
         with write.staged(ranks, target) as staging:
-            layout = write.write_model(ranks, staging, _adapter(trainer), shards.state_dict_pieces(
-                trainer.model_parts), dtype, settings.max_shard_mb * 10**6)
+            layout = write.write_model(
+                ranks,
+                staging,
+                _adapter(trainer),
+                shards.state_dict_pieces(trainer.model_parts),
+                dtype,
+                settings.max_shard_mb * 10**6,
+            )
             if ranks.rank == 0:
-                fill_folder(staging, model_config_json(trainer, source, dtype),
-                            companions(source, trainer.config.hf_assets_path))
+                fill_folder(
+                    staging,
+                    model_config_json(trainer, source, dtype),
+                    companions(source, trainer.config.hf_assets_path),
+                )
     finally:
         ranks.close()
-    logger.info(f"Exported the trained model ({sum(len(u.entries) for u in layout.units)} tensors, {dtype}, "
-                f"{len(layout.files)} files, {len(ranks.writers)} writing ranks) to {target}")
+    logger.info(
+        f"Exported the trained model ({sum(len(u.entries) for u in layout.units)} tensors, {dtype}, "
+        f"{len(layout.files)} files, {len(ranks.writers)} writing ranks) to {target}"
+    )
     return target

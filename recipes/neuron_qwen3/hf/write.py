@@ -22,8 +22,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from neuron_qwen3.hf.shards import (SAFE_INDEX, ExportError, Layout, Unit, in_place, index_json,
-                                     meta_shapes, plan)
+from neuron_qwen3.hf.shards import SAFE_INDEX, ExportError, Layout, Unit, in_place, index_json, meta_shapes, plan
 
 IN_FLIGHT = 2  # tensors a rank's writer thread may hold: the one it writes and the next
 
@@ -31,6 +30,7 @@ IN_FLIGHT = 2  # tensors a rank's writer thread may hold: the one it writes and 
 def local_rows(value, dtype, owner: bool):
     """This rank's rows of an `in_place` tensor to write, as (tensor on the CPU in `dtype`, first row), or None:
     a DTensor's local shard where the rank is the first of its replicas; a replicated or plain one, by its owner."""
+
     def cast(tensor):
         tensor = tensor.detach()
         return (tensor.to(dtype) if tensor.is_floating_point() else tensor).contiguous().to("cpu")

@@ -38,12 +38,16 @@ from neuron_qwen3.moe.experts import NKIGroupedExperts
 ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
 # LoRA targets, in the Hugging Face module names PEFT's `target_modules` uses, per model family. Qwen3-MoE has no
 # dense MLP: its routed experts are two 3-D parameters in transformers (PEFT's `target_parameters`).
-TARGETS = {"dense": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-           "moe": ("q_proj", "k_proj", "v_proj", "o_proj", "experts.gate_up_proj", "experts.down_proj")}
+TARGETS = {
+    "dense": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "moe": ("q_proj", "k_proj", "v_proj", "o_proj", "experts.gate_up_proj", "experts.down_proj"),
+}
 DEFAULT_TARGETS = {"dense": TARGETS["dense"], "moe": TARGETS["moe"][:4]}  # MoE: the experts when asked
 FAMILY_NAMES = {"dense": "dense", "moe": "MoE"}
-NEEDS_INIT_FROM = ("LORA_RANK is set but INIT_FROM is not: LoRA trains adapters over a model's weights, not over a "
-                   "random init (set INIT_FROM to a Hugging Face model folder, or `hub`)")
+NEEDS_INIT_FROM = (
+    "LORA_RANK is set but INIT_FROM is not: LoRA trains adapters over a model's weights, not over a "
+    "random init (set INIT_FROM to a Hugging Face model folder, or `hub`)"
+)
 
 
 class LoRAError(ValueError):
@@ -73,8 +77,13 @@ def settings_of(config) -> LoRASettings | None:
     if not section.rank:
         return None
     targets = tuple(name.strip() for name in section.targets.split(",") if name.strip())
-    return LoRASettings(rank=section.rank, alpha=section.alpha or None, dropout=section.dropout,
-                        targets=targets or None, merged=config.export.merged)
+    return LoRASettings(
+        rank=section.rank,
+        alpha=section.alpha or None,
+        dropout=section.dropout,
+        targets=targets or None,
+        merged=config.export.merged,
+    )
 
 
 def target_problems(settings: LoRASettings, family: str) -> list[str]:
@@ -89,11 +98,15 @@ def target_problems(settings: LoRASettings, family: str) -> list[str]:
         problems.append(f"LORA_TARGETS={','.join(targets)} names a target twice")
     unknown = [name for name in targets if name not in TARGETS[family]]
     if unknown:
-        problems.append(f"LORA_TARGETS: {', '.join(unknown)} matches no module of a Qwen3 of the "
-                        f"{FAMILY_NAMES[family]} family (its targets: {', '.join(TARGETS[family])})")
+        problems.append(
+            f"LORA_TARGETS: {', '.join(unknown)} matches no module of a Qwen3 of the "
+            f"{FAMILY_NAMES[family]} family (its targets: {', '.join(TARGETS[family])})"
+        )
     if settings.dropout and any(name.startswith("experts.") for name in targets):
-        problems.append(f"LORA_DROPOUT={settings.dropout:g} with expert targets: PEFT's LoRA on expert parameters "
-                        "has no dropout (use LORA_DROPOUT=0, or leave the experts out)")
+        problems.append(
+            f"LORA_DROPOUT={settings.dropout:g} with expert targets: PEFT's LoRA on expert parameters "
+            "has no dropout (use LORA_DROPOUT=0, or leave the experts out)"
+        )
     return problems
 
 
@@ -102,11 +115,17 @@ def problems(config, settings: LoRASettings) -> list[str]:
     load, a target the model family lacks, a parallelism LoRA here does not shard."""
     loads = config.checkpoint.initial_load_path and config.checkpoint.initial_load_in_hf
     parallel = config.parallelism
-    degrees = {"tensor": parallel.tensor_parallel_degree, "expert": parallel.expert_parallel_degree,
-               "pipeline": parallel.pipeline_parallel_degree}
+    degrees = {
+        "tensor": parallel.tensor_parallel_degree,
+        "expert": parallel.expert_parallel_degree,
+        "pipeline": parallel.pipeline_parallel_degree,
+    }
     unsharded = [f"{name} parallelism degree {degree}" for name, degree in degrees.items() if degree > 1]
-    return (([] if loads else [NEEDS_INIT_FROM]) + target_problems(settings, family_of(config.model_spec.model))
-            + ([f"LoRA here shards with FSDP only; this run has {', '.join(unsharded)}"] if unsharded else []))
+    return (
+        ([] if loads else [NEEDS_INIT_FROM])
+        + target_problems(settings, family_of(config.model_spec.model))
+        + ([f"LoRA here shards with FSDP only; this run has {', '.join(unsharded)}"] if unsharded else [])
+    )
 
 
 # ---- the adapter module ------------------------------------------------------------------------------------
@@ -162,10 +181,15 @@ def _lora(beside: torch.Tensor, in_features, out_features, settings: LoRASetting
     """An adapter on the device and in the dtype of the weight `beside` it (meta, when the trainer parallelizes)."""
     replicated = dense_param_placement(tp=spmd.R)  # FSDP shards it with its block; no TP (refused)
     with torch.device(beside.device):
-        adapter = LoRA.Config(in_features=in_features, out_features=out_features, rank=settings.rank,
-                              scale=settings.scale, dropout=settings.dropout, experts=experts,
-                              sharding_config=ShardingConfig(state_shardings={"lora_A": replicated,
-                                                                              "lora_B": replicated})).build()
+        adapter = LoRA.Config(
+            in_features=in_features,
+            out_features=out_features,
+            rank=settings.rank,
+            scale=settings.scale,
+            dropout=settings.dropout,
+            experts=experts,
+            sharding_config=ShardingConfig(state_shardings={"lora_A": replicated, "lora_B": replicated}),
+        ).build()
     return adapter.to(beside.dtype)
 
 
@@ -260,14 +284,17 @@ def _expert_sites(prefix, hf_prefix, experts: GroupedExperts, settings, targets)
     if not any(name.startswith("experts.") for name in targets):
         return []
     if not isinstance(experts, NKIGroupedExperts):
-        raise LoRAError(f"LORA_TARGETS: the experts' adapters compute through nki_moe's experts, and this model's "
-                        f"are torchtitan's {type(experts).__name__} (use VARIANT=nki_moe, or leave the experts out)")
+        raise LoRAError(
+            f"LORA_TARGETS: the experts' adapters compute through nki_moe's experts, and this model's "
+            f"are torchtitan's {type(experts).__name__} (use VARIANT=nki_moe, or leave the experts out)"
+        )
     count, hidden, dim = experts.w1_EFD.shape
     adapters = {}
     if "experts.gate_up_proj" in targets:
         adapter = _lora(experts.w1_EFD, dim, 2 * hidden, settings, experts=count)
-        adapter.site = Site(f"{prefix}.lora_gate_up", hf_prefix, (f"{prefix}.w1_EFD", f"{prefix}.w3_EFD"),
-                            "gate_up_proj")
+        adapter.site = Site(
+            f"{prefix}.lora_gate_up", hf_prefix, (f"{prefix}.w1_EFD", f"{prefix}.w3_EFD"), "gate_up_proj"
+        )
         adapters["lora_gate_up"] = adapter
     if "experts.down_proj" in targets:
         adapter = _lora(experts.w2_EDF, hidden, dim, settings, experts=count)
@@ -287,31 +314,64 @@ def insert(model: nn.Module, settings: LoRASettings, family: str) -> list[Site]:
     sites = []
     for prefix, hf_prefix, block in _layers(model):
         if hasattr(block, "self_attn"):  # transformers' decoder layer (v5)
-            sites += _linear_sites(f"{prefix}.self_attn", f"{hf_prefix}.self_attn", block.self_attn,
-                                   [(n, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")], settings, targets)
-            sites += _linear_sites(f"{prefix}.mlp", f"{hf_prefix}.mlp", block.mlp,
-                                   [(n, n) for n in ("gate_proj", "up_proj", "down_proj")], settings, targets)
+            sites += _linear_sites(
+                f"{prefix}.self_attn",
+                f"{hf_prefix}.self_attn",
+                block.self_attn,
+                [(n, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")],
+                settings,
+                targets,
+            )
+            sites += _linear_sites(
+                f"{prefix}.mlp",
+                f"{hf_prefix}.mlp",
+                block.mlp,
+                [(n, n) for n in ("gate_proj", "up_proj", "down_proj")],
+                settings,
+                targets,
+            )
             continue
         attention = block.attention
         if isinstance(attention.qkv_linear, FusedQKVLinear):
-            sites += _qkv_sites(f"{prefix}.attention.qkv_linear", f"{hf_prefix}.self_attn", attention.qkv_linear,
-                                settings, targets)
+            sites += _qkv_sites(
+                f"{prefix}.attention.qkv_linear", f"{hf_prefix}.self_attn", attention.qkv_linear, settings, targets
+            )
         else:
-            sites += _linear_sites(f"{prefix}.attention.qkv_linear", f"{hf_prefix}.self_attn", attention.qkv_linear,
-                                   [("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj")], settings, targets)
-        sites += _linear_sites(f"{prefix}.attention", f"{hf_prefix}.self_attn", attention, [("wo", "o_proj")],
-                               settings, targets)
+            sites += _linear_sites(
+                f"{prefix}.attention.qkv_linear",
+                f"{hf_prefix}.self_attn",
+                attention.qkv_linear,
+                [("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj")],
+                settings,
+                targets,
+            )
+        sites += _linear_sites(
+            f"{prefix}.attention", f"{hf_prefix}.self_attn", attention, [("wo", "o_proj")], settings, targets
+        )
         if getattr(block, "feed_forward", None) is not None:
-            sites += _linear_sites(f"{prefix}.feed_forward", f"{hf_prefix}.mlp", block.feed_forward,
-                                   [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")], settings, targets)
+            sites += _linear_sites(
+                f"{prefix}.feed_forward",
+                f"{hf_prefix}.mlp",
+                block.feed_forward,
+                [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")],
+                settings,
+                targets,
+            )
         if getattr(block, "moe", None) is not None:
-            sites += _expert_sites(f"{prefix}.moe.routed_experts.inner_experts", f"{hf_prefix}.mlp.experts",
-                                   block.moe.routed_experts.inner_experts, settings, targets)
+            sites += _expert_sites(
+                f"{prefix}.moe.routed_experts.inner_experts",
+                f"{hf_prefix}.mlp.experts",
+                block.moe.routed_experts.inner_experts,
+                settings,
+                targets,
+            )
     found = {site.hf_param and f"experts.{site.hf_param}" or site.hf_module.rsplit(".", 1)[1] for site in sites}
     missing = [name for name in targets if name not in found]
     if missing:
-        raise LoRAError(f"LORA_TARGETS: {', '.join(missing)} matches no module of this model "
-                        f"({type(model).__name__}: adapted {', '.join(sorted(found)) or 'nothing'})")
+        raise LoRAError(
+            f"LORA_TARGETS: {', '.join(missing)} matches no module of this model "
+            f"({type(model).__name__}: adapted {', '.join(sorted(found)) or 'nothing'})"
+        )
     return sites
 
 
@@ -336,8 +396,10 @@ def wrap_parallelize(parallelize_fn, settings: LoRASettings, family: str):
 
     def parallelize(model, *, parallel_dims, **kwargs):
         if parallel_dims.tp_enabled or parallel_dims.ep_enabled or parallel_dims.pp_enabled:
-            raise LoRAError(f"LoRA here shards with FSDP only; this run has tp={parallel_dims.tp}, "
-                            f"ep={parallel_dims.ep}, pp={parallel_dims.pp}")
+            raise LoRAError(
+                f"LoRA here shards with FSDP only; this run has tp={parallel_dims.tp}, "
+                f"ep={parallel_dims.ep}, pp={parallel_dims.pp}"
+            )
         sites = insert(model, settings, family)
         model = parallelize_fn(model, parallel_dims=parallel_dims, **kwargs)
         freeze_base(model)
@@ -349,8 +411,10 @@ def wrap_parallelize(parallelize_fn, settings: LoRASettings, family: str):
                 adapter.reset_parameters()
 
         model.init_states = init_states  # the trainer calls it after to_empty; v5's own init skips the adapters
-        logger.info(f"LoRA: {len(sites)} adapters of rank {settings.rank} (scale {settings.scale:g}) on "
-                    f"{', '.join(settings.targets_of(family))}; {counts_line(model)}")
+        logger.info(
+            f"LoRA: {len(sites)} adapters of rank {settings.rank} (scale {settings.scale:g}) on "
+            f"{', '.join(settings.targets_of(family))}; {counts_line(model)}"
+        )
         return model
 
     return parallelize

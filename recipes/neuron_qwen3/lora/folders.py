@@ -70,9 +70,11 @@ def base_fingerprint(folder: str) -> dict:
 def _differs(saved: dict, base: dict, folder: str) -> str | None:
     if saved == base:
         return None
-    return (f"the checkpoint's adapters were trained over a base of {saved['bytes']:,} bytes (sha256 "
-            f"{saved['sha256'][:12]}), but INIT_FROM {folder} has {base['bytes']:,} bytes (sha256 "
-            f"{base['sha256'][:12]}): resume over the same base, or use a fresh CHECKPOINT_DIR")
+    return (
+        f"the checkpoint's adapters were trained over a base of {saved['bytes']:,} bytes (sha256 "
+        f"{saved['sha256'][:12]}), but INIT_FROM {folder} has {base['bytes']:,} bytes (sha256 "
+        f"{base['sha256'][:12]}): resume over the same base, or use a fresh CHECKPOINT_DIR"
+    )
 
 
 class BaseCheck(Stateful):
@@ -141,10 +143,15 @@ def prepare_checkpoints(trainer, settings: LoRASettings) -> None:
 def peft_names(all_sites: list[Site]) -> dict[str, str]:
     """{adapter key: PEFT's module prefix}. PEFT nests the ParamWrappers of one experts module: gate_up_proj (the
     parameter registered first) inside down_proj, so with both targeted gate_up's keys gain `.base_layer`."""
-    both = {s.hf_module for s in all_sites if s.hf_param == "down_proj"} & \
-           {s.hf_module for s in all_sites if s.hf_param == "gate_up_proj"}
-    return {s.key: PEFT_PREFIX + s.hf_module + (".base_layer" if s.hf_param == "gate_up_proj" and s.hf_module in both
-                                                 else "") for s in all_sites}
+    both = {s.hf_module for s in all_sites if s.hf_param == "down_proj"} & {
+        s.hf_module for s in all_sites if s.hf_param == "gate_up_proj"
+    }
+    return {
+        s.key: PEFT_PREFIX
+        + s.hf_module
+        + (".base_layer" if s.hf_param == "gate_up_proj" and s.hf_module in both else "")
+        for s in all_sites
+    }
 
 
 def to_peft(all_sites: list[Site], tensors: dict) -> dict:
@@ -194,7 +201,7 @@ def merge(all_sites: list[Site], states: dict, scale: float) -> dict:
         update = delta(site, states[f"{site.key}.lora_A"].float(), states[f"{site.key}.lora_B"].float(), scale)
         rows = update.shape[-2] // len(site.base)  # gate_up: w1 then w3
         for i, key in enumerate(site.base):
-            merged[key] = merged[key].float() + update[..., i * rows:(i + 1) * rows, :]
+            merged[key] = merged[key].float() + update[..., i * rows : (i + 1) * rows, :]
     return merged
 
 
@@ -205,11 +212,23 @@ def adapter_config(all_sites: list[Site], settings: LoRASettings, base: str) -> 
     """What PEFT's LoraConfig needs to rebuild the adapter (it fills every other field with its defaults)."""
     modules = sorted({s.hf_module.rsplit(".", 1)[1] for s in all_sites if not s.hf_param})
     parameters = sorted({f"mlp.experts.{s.hf_param}" for s in all_sites if s.hf_param})
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base, "r": settings.rank,
-            "lora_alpha": settings.alpha or 2 * settings.rank, "lora_dropout": settings.dropout,
-            "target_modules": modules, "target_parameters": parameters or None, "bias": "none",
-            "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "init_lora_weights": True,
-            "inference_mode": True, "modules_to_save": None}
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base,
+        "r": settings.rank,
+        "lora_alpha": settings.alpha or 2 * settings.rank,
+        "lora_dropout": settings.dropout,
+        "target_modules": modules,
+        "target_parameters": parameters or None,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "modules_to_save": None,
+    }
 
 
 def adapter_settings(folder: str) -> LoRASettings:
@@ -220,22 +239,40 @@ def adapter_settings(folder: str) -> LoRASettings:
             config = json.load(f)
     except (OSError, ValueError) as error:
         raise LoRAError(f"INIT_FROM={folder}: cannot read {ADAPTER_CONFIG}: {error}") from None
-    unsupported = [name for name in ("use_dora", "use_rslora", "fan_in_fan_out", "modules_to_save",
-                                     "layers_to_transform", "rank_pattern", "alpha_pattern")
-                   if config.get(name)]
+    unsupported = [
+        name
+        for name in (
+            "use_dora",
+            "use_rslora",
+            "fan_in_fan_out",
+            "modules_to_save",
+            "layers_to_transform",
+            "rank_pattern",
+            "alpha_pattern",
+        )
+        if config.get(name)
+    ]
     if config.get("peft_type") != "LORA" or config.get("bias", "none") != "none" or unsupported:
-        raise LoRAError(f"INIT_FROM={folder}: a {config.get('peft_type')} adapter with "
-                        f"{', '.join(unsupported) or 'bias=' + str(config.get('bias'))}: this image continues plain "
-                        "LoRA only")
+        raise LoRAError(
+            f"INIT_FROM={folder}: a {config.get('peft_type')} adapter with "
+            f"{', '.join(unsupported) or 'bias=' + str(config.get('bias'))}: this image continues plain "
+            "LoRA only"
+        )
     modules = config.get("target_modules") or []
     modules = [modules] if isinstance(modules, str) else modules
     parameters = ["experts." + name.rsplit(".", 1)[-1] for name in config.get("target_parameters") or []]
     try:
-        return LoRASettings(rank=int(config["r"]), alpha=float(config["lora_alpha"]),
-                            dropout=float(config.get("lora_dropout") or 0.0), targets=tuple(modules + parameters))
+        return LoRASettings(
+            rank=int(config["r"]),
+            alpha=float(config["lora_alpha"]),
+            dropout=float(config.get("lora_dropout") or 0.0),
+            targets=tuple(modules + parameters),
+        )
     except (KeyError, TypeError, ValueError) as error:
-        raise LoRAError(f"INIT_FROM={folder}: {ADAPTER_CONFIG} has no usable r, lora_alpha, lora_dropout "
-                        f"({type(error).__name__}: {error})") from None
+        raise LoRAError(
+            f"INIT_FROM={folder}: {ADAPTER_CONFIG} has no usable r, lora_alpha, lora_dropout "
+            f"({type(error).__name__}: {error})"
+        ) from None
 
 
 def adapter_base(folder: str, assets: str) -> str:
@@ -252,8 +289,10 @@ def adapter_base(folder: str, assets: str) -> str:
     hub = os.path.join(os.path.dirname(os.path.abspath(assets or ".")), name.rsplit("/", 1)[-1])
     if HUB_ID.fullmatch(name) and os.path.isdir(hub):
         return hub
-    raise LoRAError(f"INIT_FROM={folder}: its base model {name!r} is not a folder here"
-                    + (f" (nor at {hub})" if HUB_ID.fullmatch(name) else ""))
+    raise LoRAError(
+        f"INIT_FROM={folder}: its base model {name!r} is not a folder here"
+        + (f" (nor at {hub})" if HUB_ID.fullmatch(name) else "")
+    )
 
 
 def shown(value) -> str:
@@ -272,13 +311,23 @@ def settings(config) -> LoRASettings | None:
     if not (config.checkpoint.initial_load_in_hf and is_adapter_folder(source)):
         return adapters.settings_of(config)
     saved, section = adapter_settings(source), config.lora
-    given = {"LORA_RANK": section.rank or None, "LORA_ALPHA": section.alpha or None,
-             "LORA_DROPOUT": section.dropout or None,
-             "LORA_TARGETS": ",".join(sorted(n.strip() for n in section.targets.split(",") if n.strip())) or None}
-    has = {"LORA_RANK": saved.rank, "LORA_ALPHA": saved.alpha, "LORA_DROPOUT": saved.dropout,
-           "LORA_TARGETS": ",".join(sorted(saved.targets))}
-    differs = [f"{name}={shown(value)} (the adapter's: {shown(has[name])})" for name, value in given.items()
-               if value is not None and value != has[name]]
+    given = {
+        "LORA_RANK": section.rank or None,
+        "LORA_ALPHA": section.alpha or None,
+        "LORA_DROPOUT": section.dropout or None,
+        "LORA_TARGETS": ",".join(sorted(n.strip() for n in section.targets.split(",") if n.strip())) or None,
+    }
+    has = {
+        "LORA_RANK": saved.rank,
+        "LORA_ALPHA": saved.alpha,
+        "LORA_DROPOUT": saved.dropout,
+        "LORA_TARGETS": ",".join(sorted(saved.targets)),
+    }
+    differs = [
+        f"{name}={shown(value)} (the adapter's: {shown(has[name])})"
+        for name, value in given.items()
+        if value is not None and value != has[name]
+    ]
     if differs:
         raise LoRAError(f"INIT_FROM={source}: {', '.join(differs)}: unset them to continue the adapter as it is")
     return replace(saved, merged=config.export.merged, adapter=source)
@@ -297,15 +346,21 @@ def load_adapter(trainer, folder: str) -> None:
     """Continue from a PEFT adapter: its tensors into the (sharded) adapters, every rank reading the small file."""
     from safetensors.torch import load_file
 
-    params = {f"{a.site.key}.lora_{x}": getattr(a, f"lora_{x}") for part in trainer.model_parts
-              for a in adapters.adapters(part) for x in "AB"}
-    full = from_peft(sites(trainer), load_file(os.path.join(folder, ADAPTER_WEIGHTS)),
-                     {key: p.shape for key, p in params.items()})
+    params = {
+        f"{a.site.key}.lora_{x}": getattr(a, f"lora_{x}")
+        for part in trainer.model_parts
+        for a in adapters.adapters(part)
+        for x in "AB"
+    }
+    full = from_peft(
+        sites(trainer), load_file(os.path.join(folder, ADAPTER_WEIGHTS)), {key: p.shape for key, p in params.items()}
+    )
     with torch.no_grad():
         for key, param in params.items():
             value = full[key].to(device=param.device, dtype=param.dtype)
-            param.copy_(distribute_tensor(value, param.device_mesh, param.placements)
-                        if isinstance(param, DTensor) else value)
+            param.copy_(
+                distribute_tensor(value, param.device_mesh, param.placements) if isinstance(param, DTensor) else value
+            )
     logger.info(f"LoRA: continuing the adapter of {folder} ({len(params) // 2} adapters)")
 
 
@@ -329,9 +384,11 @@ def _whole(value) -> torch.Tensor:
 
 def gather_adapters(trainer) -> dict:
     """The adapters' tensors whole, on the CPU (every rank takes part; they are small)."""
-    return {key: _whole(value).to("cpu") for piece in shards.state_dict_pieces(trainer.model_parts,
-                                                                                   keep=adapters.is_adapter_key)
-            for key, value in piece().items()}
+    return {
+        key: _whole(value).to("cpu")
+        for piece in shards.state_dict_pieces(trainer.model_parts, keep=adapters.is_adapter_key)
+        for key, value in piece().items()
+    }
 
 
 def merged_pieces(trainer, all_sites: list[Site], scale: float) -> list:
@@ -359,22 +416,36 @@ def export(trainer, settings: LoRASettings) -> str | None:
     target, dtype = os.path.abspath(section.dir), TORCH_DTYPE_MAP[section.dtype]
     all_sites, base = sites(trainer), trainer.checkpointer.states[BASE_STATE].folder
     peft = {key: value.to(dtype).contiguous() for key, value in to_peft(all_sites, gather_adapters(trainer)).items()}
-    tokenizer = [path for path in weights.companions(base, trainer.config.hf_assets_path)
-                 if os.path.basename(path) in weights.TOKENIZER_FILES]
+    tokenizer = [
+        path
+        for path in weights.companions(base, trainer.config.hf_assets_path)
+        if os.path.basename(path) in weights.TOKENIZER_FILES
+    ]
     ranks = write.Ranks()
     try:
         with write.staged(ranks, target) as staging:
             folder = staging
             if settings.merged:
-                write.write_model(ranks, staging, weights._adapter(trainer),
-                                    merged_pieces(trainer, all_sites, settings.scale), dtype,
-                                    section.max_shard_mb * 10**6)
-                ranks.on_rank_0(weights.fill_folder, staging, weights.model_config_json(trainer, base, dtype),
-                                weights.companions(base, trainer.config.hf_assets_path))
+                write.write_model(
+                    ranks,
+                    staging,
+                    weights._adapter(trainer),
+                    merged_pieces(trainer, all_sites, settings.scale),
+                    dtype,
+                    section.max_shard_mb * 10**6,
+                )
+                ranks.on_rank_0(
+                    weights.fill_folder,
+                    staging,
+                    weights.model_config_json(trainer, base, dtype),
+                    weights.companions(base, trainer.config.hf_assets_path),
+                )
                 folder = os.path.join(staging, MERGED_ADAPTER)
             ranks.on_rank_0(_write_adapter, folder, peft, adapter_config(all_sites, settings, base), tokenizer)
     finally:
         ranks.close()
-    logger.info(f"Exported the LoRA adapter ({len(all_sites)} adapters, {dtype})"
-                f"{' and the merged model' if settings.merged else ''} to {target}")
+    logger.info(
+        f"Exported the LoRA adapter ({len(all_sites)} adapters, {dtype})"
+        f"{' and the merged model' if settings.merged else ''} to {target}"
+    )
     return target

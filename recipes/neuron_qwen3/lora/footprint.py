@@ -28,8 +28,10 @@ class Footprint:
         size = lambda v: f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.2f} MiB"
         gib = lambda d: ", ".join(f"{k} {size(v)}" for k, v in d.items())
         share = self.trainable / (self.trainable + self.frozen)
-        return (f"{self.trainable:,} trainable ({100 * share:.3f}%), {self.frozen:,} frozen parameters; per rank over "
-                f"{self.ranks}: {gib(self.per_rank)} (full fine-tuning: {gib(self.full)})")
+        return (
+            f"{self.trainable:,} trainable ({100 * share:.3f}%), {self.frozen:,} frozen parameters; per rank over "
+            f"{self.ranks}: {gib(self.per_rank)} (full fine-tuning: {gib(self.full)})"
+        )
 
 
 def footprint(model: nn.Module, ranks: int) -> Footprint:
@@ -38,8 +40,11 @@ def footprint(model: nn.Module, ranks: int) -> Footprint:
     total = sum(p.numel() for p in model.parameters())
 
     def state(train):
-        return {"weights": BYTES_FP32 * total / ranks, "gradients": BYTES_FP32 * train / ranks,
-                "optimizer": 2 * BYTES_FP32 * train / ranks}
+        return {
+            "weights": BYTES_FP32 * total / ranks,
+            "gradients": BYTES_FP32 * train / ranks,
+            "optimizer": 2 * BYTES_FP32 * train / ranks,
+        }
 
     return Footprint(trainable, total - trainable, ranks, state(trainable), state(total))
 
@@ -55,12 +60,19 @@ def log_state_bytes(optimizers, model_parts) -> None:
         local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
         grads = [g.to_local() if isinstance(g, DTensor) else g for g in (p.grad for p in params) if g is not None]
         trainable = sum(p.numel() for p in params if p.requires_grad)
-        state = [value for optimizer in optimizers.optimizers for per_param in optimizer.state.values()
-                 for value in per_param.values() if isinstance(value, torch.Tensor) and value.dim()]
+        state = [
+            value
+            for optimizer in optimizers.optimizers
+            for per_param in optimizer.state.values()
+            for value in per_param.values()
+            if isinstance(value, torch.Tensor) and value.dim()
+        ]
         mib = lambda tensors: sum(t.numel() * t.element_size() for t in tensors) / 2**20
-        logger.info(f"state after step 1 on this rank: {trainable:,} trainable parameters; parameters "
-                    f"{mib(local):.2f} MiB, gradients {mib(grads):.2f} MiB ({len(grads)} tensors), optimizer state "
-                    f"{mib(state):.2f} MiB")
+        logger.info(
+            f"state after step 1 on this rank: {trainable:,} trainable parameters; parameters "
+            f"{mib(local):.2f} MiB, gradients {mib(grads):.2f} MiB ({len(grads)} tensors), optimizer state "
+            f"{mib(state):.2f} MiB"
+        )
 
     handle = last.register_step_post_hook(measure)
 

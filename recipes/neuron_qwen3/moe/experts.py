@@ -101,8 +101,7 @@ def _blockwise_moe_experts_op(
     kernel: str,
     lnc: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    weights, layout = _objects(hidden_states, w1_EFD, w3_EFD, w2_EDF, token_position_to_id, block_to_expert,
-                               block_size)
+    weights, layout = _objects(hidden_states, w1_EFD, w3_EFD, w2_EDF, token_position_to_id, block_to_expert, block_size)
     path = kernel_path(kernel, hidden_states.device.type)
     _log_kernel_path(path, hidden_states.device.type, kernel)  # here, where the path is taken, compiled or not
     if path == "nki":
@@ -111,8 +110,18 @@ def _blockwise_moe_experts_op(
 
 
 @_blockwise_moe_experts_op.register_fake
-def _(hidden_states, expert_affinities_masked, w1_EFD, w3_EFD, w2_EDF, token_position_to_id, block_to_expert,
-      block_size, kernel, lnc):
+def _(
+    hidden_states,
+    expert_affinities_masked,
+    w1_EFD,
+    w3_EFD,
+    w2_EDF,
+    token_position_to_id,
+    block_to_expert,
+    block_size,
+    kernel,
+    lnc,
+):
     num_rows, dim = hidden_states.shape
     hidden = w1_EFD.shape[1]
     num_blocks = block_to_expert.shape[0]
@@ -140,8 +149,7 @@ def _blockwise_moe_experts_backward_op(
     lnc: int,
     affinity_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    weights, layout = _objects(hidden_states, w1_EFD, w3_EFD, w2_EDF, token_position_to_id, block_to_expert,
-                               block_size)
+    weights, layout = _objects(hidden_states, w1_EFD, w3_EFD, w2_EDF, token_position_to_id, block_to_expert, block_size)
     args = (grad_output, hidden_states, expert_affinities_masked, weights, (gate_up_act_T, down_act), layout)
     if kernel_path(kernel, hidden_states.device.type) == "nki":
         return nki_kernels.blockwise_mm_backward(*args, lnc)  # the kernel computes every gradient
@@ -149,8 +157,22 @@ def _blockwise_moe_experts_backward_op(
 
 
 @_blockwise_moe_experts_backward_op.register_fake
-def _(grad_output, hidden_states, expert_affinities_masked, w1_EFD, w3_EFD, w2_EDF, gate_up_act_T, down_act,
-      token_position_to_id, block_to_expert, block_size, kernel, lnc, affinity_grad):
+def _(
+    grad_output,
+    hidden_states,
+    expert_affinities_masked,
+    w1_EFD,
+    w3_EFD,
+    w2_EDF,
+    gate_up_act_T,
+    down_act,
+    token_position_to_id,
+    block_to_expert,
+    block_size,
+    kernel,
+    lnc,
+    affinity_grad,
+):
     return tuple(torch.empty_like(t) for t in (hidden_states, expert_affinities_masked, w1_EFD, w3_EFD, w2_EDF))
 
 
@@ -173,14 +195,26 @@ _blockwise_moe_experts_op.register_autograd(_backward, setup_context=_setup_cont
 
 
 def blockwise_moe_experts(
-    hidden_states: torch.Tensor, expert_affinities_masked: torch.Tensor, weights: ExpertWeights, layout: BlockLayout,
-    kernel: str = "auto", lnc: int = 2,
+    hidden_states: torch.Tensor,
+    expert_affinities_masked: torch.Tensor,
+    weights: ExpertWeights,
+    layout: BlockLayout,
+    kernel: str = "auto",
+    lnc: int = 2,
 ) -> torch.Tensor:
     """The experts' combined output [T, H] (see the module docstring); differentiable. `kernel`: see
     kernel_path; `lnc`: the NKI kernels' logical NeuronCore config."""
     out, _, _ = _blockwise_moe_experts_op(
-        hidden_states, expert_affinities_masked, weights.w1_EFD, weights.w3_EFD, weights.w2_EDF,
-        layout.token_position_to_id, layout.block_to_expert, layout.block_size, kernel, lnc,
+        hidden_states,
+        expert_affinities_masked,
+        weights.w1_EFD,
+        weights.w3_EFD,
+        weights.w2_EDF,
+        layout.token_position_to_id,
+        layout.block_to_expert,
+        layout.block_size,
+        kernel,
+        lnc,
     )
     return out
 
@@ -254,8 +288,9 @@ class NKIGroupedExperts(GroupedExperts):
         dtype = self.compute_dtype
         hidden_T1H = torch.cat([x_RD.to(dtype), x_RD.new_zeros(1, dim, dtype=dtype)])
         weights = ExpertWeights(w1_EFD.to(dtype), w3_EFD.to(dtype), w2_EDF.to(dtype))
-        out_RD = blockwise_moe_experts(hidden_T1H, unit_affinities(layout, num_experts, dtype), weights, layout,
-                                       self.kernel, self.lnc)
+        out_RD = blockwise_moe_experts(
+            hidden_T1H, unit_affinities(layout, num_experts, dtype), weights, layout, self.kernel, self.lnc
+        )
         return out_RD.type_as(x_RD)
 
 

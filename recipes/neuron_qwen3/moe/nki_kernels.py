@@ -59,12 +59,18 @@ KERNEL_LIMITS = (
     ("moe_cte: hidden dim H from 512 to 8192", lambda h, i, b, lnc: 512 <= h <= 8192),
     ("moe_cte: hidden dim H a multiple of 512", lambda h, i, b, lnc: h % 512 == 0),
     ("moe_cte: expert hidden dim I a multiple of 16", lambda h, i, b, lnc: i % 16 == 0),
-    (f"blockwise_mm_bwd: block size B one of {', '.join(map(str, BWD_BLOCK_SIZES))}",
-     lambda h, i, b, lnc: b in BWD_BLOCK_SIZES),
-    (f"blockwise_mm_bwd: hidden dim H per logical core (H / LNC) a multiple of {DMA_TRANSPOSE_MULTIPLE}",
-     lambda h, i, b, lnc: h % (lnc * DMA_TRANSPOSE_MULTIPLE) == 0),
-    (f"blockwise_mm_bwd: expert hidden dim I per logical core (I / LNC) a multiple of {DMA_TRANSPOSE_MULTIPLE}",
-     lambda h, i, b, lnc: i % (lnc * DMA_TRANSPOSE_MULTIPLE) == 0),
+    (
+        f"blockwise_mm_bwd: block size B one of {', '.join(map(str, BWD_BLOCK_SIZES))}",
+        lambda h, i, b, lnc: b in BWD_BLOCK_SIZES,
+    ),
+    (
+        f"blockwise_mm_bwd: hidden dim H per logical core (H / LNC) a multiple of {DMA_TRANSPOSE_MULTIPLE}",
+        lambda h, i, b, lnc: h % (lnc * DMA_TRANSPOSE_MULTIPLE) == 0,
+    ),
+    (
+        f"blockwise_mm_bwd: expert hidden dim I per logical core (I / LNC) a multiple of {DMA_TRANSPOSE_MULTIPLE}",
+        lambda h, i, b, lnc: i % (lnc * DMA_TRANSPOSE_MULTIPLE) == 0,
+    ),
 )
 
 
@@ -72,8 +78,10 @@ def check_kernel_shapes(hidden_dim: int, intermediate_dim: int, block_size: int,
     """Raise ValueError, one line naming each limit broken and the values, on shapes the kernels reject."""
     broken = [text for text, holds in KERNEL_LIMITS if not holds(hidden_dim, intermediate_dim, block_size, lnc)]
     if broken:
-        raise ValueError(f"nki_moe kernels cannot take H={hidden_dim}, I={intermediate_dim}, B={block_size}, "
-                         f"LNC={lnc}: needs " + "; ".join(broken))
+        raise ValueError(
+            f"nki_moe kernels cannot take H={hidden_dim}, I={intermediate_dim}, B={block_size}, "
+            f"LNC={lnc}: needs " + "; ".join(broken)
+        )
 
 
 def _missing(package: str, pip_name: str, error: ImportError) -> ImportError:
@@ -103,19 +111,35 @@ def _kernel_ops(lnc: int):
         raise _missing("nkilib", "neuronx-cc, which bundles nkilib", e) from e
 
     @nki.jit(mode="trace")
-    def moe_cte_training(hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight,
-                         token_position_to_id, block_to_expert, block_size: int, implementation,
-                         checkpoint_activation: bool, expert_affinity_multiply_on_I: bool):
+    def moe_cte_training(
+        hidden_states,
+        expert_affinities_masked,
+        gate_up_proj_weight,
+        down_proj_weight,
+        token_position_to_id,
+        block_to_expert,
+        block_size: int,
+        implementation,
+        checkpoint_activation: bool,
+        expert_affinity_multiply_on_I: bool,
+    ):
         """moe_cte with its spec built inside the trace from flat scalars (vllm-neuron's pattern)."""
         spec = MoECTESpec(
             implementation=implementation,
-            shard_on_I=ShardOnIConfig(checkpoint_activation=checkpoint_activation,
-                                      expert_affinity_multiply_on_I=expert_affinity_multiply_on_I),
+            shard_on_I=ShardOnIConfig(
+                checkpoint_activation=checkpoint_activation, expert_affinity_multiply_on_I=expert_affinity_multiply_on_I
+            ),
         )
-        return moe_cte(hidden_states=hidden_states, expert_affinities_masked=expert_affinities_masked,
-                       gate_up_proj_weight=gate_up_proj_weight, down_proj_weight=down_proj_weight,
-                       token_position_to_id=token_position_to_id, block_to_expert=block_to_expert,
-                       block_size=block_size, spec=spec)
+        return moe_cte(
+            hidden_states=hidden_states,
+            expert_affinities_masked=expert_affinities_masked,
+            gate_up_proj_weight=gate_up_proj_weight,
+            down_proj_weight=down_proj_weight,
+            token_position_to_id=token_position_to_id,
+            block_to_expert=block_to_expert,
+            block_size=block_size,
+            spec=spec,
+        )
 
     # Registration as in the torch-neuronx guide: @nki_op("ns::name", mutates_args={}) on a typed
     # function whose body calls wrap_nki(kernel)[grid](...), the grid being the LNC degree.
@@ -177,7 +201,10 @@ def _checked(weights: ExpertWeights, layout: BlockLayout, lnc: int) -> None:
 
 
 def moe_cte_forward(
-    hidden_states: torch.Tensor, expert_affinities_masked: torch.Tensor, weights: ExpertWeights, layout: BlockLayout,
+    hidden_states: torch.Tensor,
+    expert_affinities_masked: torch.Tensor,
+    weights: ExpertWeights,
+    layout: BlockLayout,
     lnc: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """moe_cte with checkpoints: (out [T, H], gate_up_activations_T [N, 2, I, B], down_activations [N, B, H])."""

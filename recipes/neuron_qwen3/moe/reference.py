@@ -132,8 +132,10 @@ def reference_forward(
     table_TM = _token_slot_table(token_P, num_rows - 1)
     out_TD = _sum_over_slots(scaled_P1D, table_TM, _accumulation_dtype(hidden_states.dtype))
     gate_up_act_T = torch.stack(
-        [gate_PF.view(num_blocks, block_size, hidden).transpose(1, 2),
-         up_PF.view(num_blocks, block_size, hidden).transpose(1, 2)],
+        [
+            gate_PF.view(num_blocks, block_size, hidden).transpose(1, 2),
+            up_PF.view(num_blocks, block_size, hidden).transpose(1, 2),
+        ],
         dim=1,
     )
     return out_TD.to(hidden_states.dtype), gate_up_act_T, down_PD.view(num_blocks, block_size, dim)

@@ -51,6 +51,7 @@ class RouterWatch:
         def hook(_module, _inputs, output):
             if self.capturing:
                 into[i] = pick(output)
+
         return hook
 
     def _blocks(self, experts, inputs, _output):
@@ -86,13 +87,14 @@ class RouterWatch:
         totals = torch.cat([counts_LE.reshape(-1), torch.stack(entropies).detach(), rows_here[None]])
         if self.group is not None:
             dist.all_reduce(totals, group=self.group)
-        counts_E = totals[:counts_LE.numel()].reshape(counts_LE.shape).sum(dim=0)
+        counts_E = totals[: counts_LE.numel()].reshape(counts_LE.shape).sum(dim=0)
         rows = (totals[-1] * len(self.layers)).clamp_min(1)  # every layer routes the same tokens
         aux = self.num_experts * ((counts_E / rows) * torch.stack(probs).sum(dim=0)).sum() / rows
         z = torch.stack(z_sums).sum() / rows
         kernel = self.kernel if self.kernel is not None else totals.new_zeros(2)
-        step = torch.cat([totals.double(), aux.detach().double()[None], z.detach().double()[None],
-                          kernel.to(device).double()])
+        step = torch.cat(
+            [totals.double(), aux.detach().double()[None], z.detach().double()[None], kernel.to(device).double()]
+        )
         self.sums = step if self.sums is None else self.sums + step
         self.steps += 1
         return (self.aux_coef * aux + self.z_coef * z) / self.accumulation
@@ -111,14 +113,23 @@ class RouterWatch:
         sums = sums.cpu()
         size = len(self.layers) * self.num_experts
         counts = sums[:size].reshape(len(self.layers), self.num_experts)
-        entropy, rows = sums[size:size + len(self.layers)], float(sums[size + len(self.layers)])
+        entropy, rows = sums[size : size + len(self.layers)], float(sums[size + len(self.layers)])
         aux, z, routed, computed = sums[-4:].tolist()
-        layers = [{"tokens": [int(round(c)) for c in row.tolist()],
-                   "max_mean": float(row.max() / row.mean()) if row.sum() > 0 else math.nan,
-                   "entropy": float(h / rows) if rows else math.nan} for row, h in zip(counts, entropy.tolist())]
+        layers = [
+            {
+                "tokens": [int(round(c)) for c in row.tolist()],
+                "max_mean": float(row.max() / row.mean()) if row.sum() > 0 else math.nan,
+                "entropy": float(h / rows) if rows else math.nan,
+            }
+            for row, h in zip(counts, entropy.tolist())
+        ]
         self.sums, steps, self.steps = None, self.steps, 0
-        return {"layers": layers, "aux": aux / steps, "z": z / steps,
-                "padding": 1 - routed / computed if computed else None}
+        return {
+            "layers": layers,
+            "aux": aux / steps,
+            "z": z / steps,
+            "padding": 1 - routed / computed if computed else None,
+        }
 
 
 def metrics(load: dict) -> dict:
@@ -166,8 +177,10 @@ def freeze(model) -> None:
 
 def wrap_parallelize(parallelize_fn):
     """The model spec's parallelize function, then the routers frozen (on the parallelized parameters)."""
+
     def parallelize(model, *args, **kwargs):
         model = parallelize_fn(model, *args, **kwargs)
         freeze(model)
         return model
+
     return parallelize

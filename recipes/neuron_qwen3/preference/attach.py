@@ -20,8 +20,9 @@ def attach(trainer, prepare) -> Dpo | None:
     if settings.method != "dpo":
         return None
     dims = trainer.parallel_dims
-    assert not (dims.pp_enabled or dims.cp_enabled or dims.tp_enabled), \
+    assert not (dims.pp_enabled or dims.cp_enabled or dims.tp_enabled), (
         "METHOD=dpo runs on data-parallel (FSDP) ranks: no pipeline, context or tensor parallelism"
+    )
     model = trainer.model_parts[0]
     reference = held_out = Frozen(trainer, settings.reference) if settings.reference else AdaptersOff(model)
     if settings.precompute:  # the first step's pass, over the training and the validation tables
@@ -29,12 +30,18 @@ def attach(trainer, prepare) -> Dpo | None:
         reference = Precomputed(passes, "training", trainer.dataloader.dataset)
         if trainer.config.validator.enable:  # the validator builds its loader at each validation: one of its own
             v = trainer.validator
-            loader = v.dl_config.build(dp_world_size=v.dp_world_size, dp_rank=v.dp_rank, tokenizer=v.tokenizer,
-                                       seq_len=v.seq_len, local_batch_size=v.local_batch_size)
+            loader = v.dl_config.build(
+                dp_world_size=v.dp_world_size,
+                dp_rank=v.dp_rank,
+                tokenizer=v.tokenizer,
+                seq_len=v.seq_len,
+                local_batch_size=v.local_batch_size,
+            )
             held_out = Precomputed(passes, "validation", loader.dataset.packed)
     group = dims.get_optional_mesh("loss").get_group() if dims.dp_cp_enabled else None
-    loss = Dpo(model, reference, settings.beta, settings.loss, settings.sft_weight,
-               trainer.gradient_accumulation_steps, group)
+    loss = Dpo(
+        model, reference, settings.beta, settings.loss, settings.sft_weight, trainer.gradient_accumulation_steps, group
+    )
     trainer.loss_fn = loss
     log = trainer.metrics_processor.log
 

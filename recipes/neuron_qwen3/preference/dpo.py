@@ -16,8 +16,15 @@ import torch.nn.functional as F
 from torchtitan.components.loss import IGNORE_INDEX
 
 LOSSES = ("sigmoid", "ipo")
-PER_PAIR = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-            "logps/rejected")  # the means over pairs that `interval` gives, with `sft` and `pairs`
+PER_PAIR = (
+    "loss",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+)  # the means over pairs that `interval` gives, with `sft` and `pairs`
 
 
 def logits_of(model, out: torch.Tensor) -> torch.Tensor:
@@ -93,10 +100,19 @@ class Dpo:
         sft = -(policy[..., 0] * present).sum() / everywhere[1].clamp_min(1)
         loss = ((losses * present).sum() / everywhere[0].clamp_min(1) + self.sft_weight * sft) / self.accumulation
         logps = policy.detach()
-        step = torch.stack([(losses.detach() * present).sum(), (chosen * present).sum(), (rejected * present).sum(),
-                            ((chosen > rejected).float() * present).sum(), ((chosen - rejected) * present).sum(),
-                            (logps[..., 0] * present).sum(), (logps[..., 1] * present).sum(),
-                            chosen_tokens.detach(), pairs.detach()])
+        step = torch.stack(
+            [
+                (losses.detach() * present).sum(),
+                (chosen * present).sum(),
+                (rejected * present).sum(),
+                ((chosen > rejected).float() * present).sum(),
+                ((chosen - rejected) * present).sum(),
+                (logps[..., 0] * present).sum(),
+                (logps[..., 1] * present).sum(),
+                chosen_tokens.detach(),
+                pairs.detach(),
+            ]
+        )
         self.sums = step.double() if self.sums is None else self.sums + step.double()
         return loss, None
 
@@ -111,5 +127,8 @@ class Dpo:
         *per_pair, chosen_tokens, pairs = sums.cpu().tolist()
         if not pairs:
             return None
-        return {**{f"dpo/{name}": value / pairs for name, value in zip(PER_PAIR, per_pair)},
-                "dpo/sft": -per_pair[PER_PAIR.index("logps/chosen")] / chosen_tokens, "dpo/pairs": pairs}
+        return {
+            **{f"dpo/{name}": value / pairs for name, value in zip(PER_PAIR, per_pair)},
+            "dpo/sft": -per_pair[PER_PAIR.index("logps/chosen")] / chosen_tokens,
+            "dpo/pairs": pairs,
+        }

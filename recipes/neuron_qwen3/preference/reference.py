@@ -60,8 +60,14 @@ class Frozen:
         with torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
             model = trainer.model_config.build()
         model = config.model_spec.parallelize_fn(
-            model, parallel_dims=trainer.parallel_dims, training=config.training, parallelism=config.parallelism,
-            compile_config=config.compile, ac_config=config.activation_checkpoint, dump_folder=config.dump_folder)
+            model,
+            parallel_dims=trainer.parallel_dims,
+            training=config.training,
+            parallelism=config.parallelism,
+            compile_config=config.compile,
+            ac_config=config.activation_checkpoint,
+            dump_folder=config.dump_folder,
+        )
         model.to_empty(device=trainer.device)
         with torch.no_grad():
             model.init_weights(buffer_device=None)  # the buffers (RoPE); the weights come from the folder
@@ -93,8 +99,10 @@ class Precomputed:
         if "found" not in self.passes:
             reference = self.passes.pop("reference")
             trainer, prepare = self.passes["trainer"], self.passes["prepare"]
-            self.passes["found"] = {role: first_pass(trainer, prepare, reference, packed)
-                                    for role, packed in self.passes.pop("tables").items()}
+            self.passes["found"] = {
+                role: first_pass(trainer, prepare, reference, packed)
+                for role, packed in self.passes.pop("tables").items()
+            }
             del reference
             gc.collect()  # a Frozen model's weights go with it (FSDP's states sit in reference cycles)
         of_pair = pair_records(records, extra["positions"])
@@ -103,12 +111,20 @@ class Precomputed:
 
 def first_pass(trainer, prepare, reference, packed) -> torch.Tensor:
     """The reference's sums of every pair of `packed`'s table (a PackedDataset of pairs): [records, 2], the same
-    on every rank (`prepare`: the trainer's torchtitan post_dataloading_process, without the run hooks'). Every rank packs the whole table alike and runs its share of the windows in equal batches (the
-    validation's Shares), then the ranks' sums are added up (each pair is in one rank's windows)."""
+    on every rank (`prepare`: the trainer's torchtitan post_dataloading_process, without the run hooks'). Every
+    rank packs the whole table alike and runs its share of the windows in equal batches (the validation's
+    Shares), then the ranks' sums are added up (each pair is in one rank's windows)."""
     begin, seen = time.monotonic(), trainer.ntokens_seen
     table = packed.reader.table
-    whole = PackedDataset(table_reader(table, tables.Order(np.arange(len(table)), 0, 0, 1)), packed.kind,
-                          packed.field, packed.encoder, packed.seq_len, packed.pad_id, infinite=False)
+    whole = PackedDataset(
+        table_reader(table, tables.Order(np.arange(len(table)), 0, 0, 1)),
+        packed.kind,
+        packed.field,
+        packed.encoder,
+        packed.seq_len,
+        packed.pad_id,
+        infinite=False,
+    )
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     batch = trainer.config.training.local_batch_size
     found = torch.zeros(len(table), 2, dtype=torch.float64, device=trainer.device)
@@ -123,8 +139,10 @@ def first_pass(trainer, prepare, reference, packed) -> torch.Tensor:
     trainer.ntokens_seen = seen  # the pass trains nothing
     if dist.is_initialized():
         dist.all_reduce(found)
-    logger.info(f"DPO reference: the log-probabilities of {len(table)} records' pairs computed in "
-                f"{time.monotonic() - begin:.1f} s, in one pass at the first step")
+    logger.info(
+        f"DPO reference: the log-probabilities of {len(table)} records' pairs computed in "
+        f"{time.monotonic() - begin:.1f} s, in one pass at the first step"
+    )
     return found.float()
 
 
@@ -132,8 +150,9 @@ def pair_records(records_BL: torch.Tensor, positions_BL: torch.Tensor) -> torch.
     """[B, L/2]: the record of each pair slot of dpo.pair_sums (its chosen document's), -1 where none."""
     B, L = records_BL.shape
     document = torch.cumsum((positions_BL == 0).long(), dim=1) - 1
-    of_document = torch.full((B, L), -1, dtype=torch.long, device=records_BL.device).scatter(1, document,
-                                                                                               records_BL.long())
+    of_document = torch.full((B, L), -1, dtype=torch.long, device=records_BL.device).scatter(
+        1, document, records_BL.long()
+    )
     return of_document.view(B, L // 2, 2)[..., 0]
 
 
@@ -142,6 +161,8 @@ def _batches(dataset, batch: int):
     for window in dataset:
         windows.append(window)
         if len(windows) == batch:
-            yield ({key: torch.stack([w[0][key] for w in windows]) for key in windows[0][0]},
-                   torch.stack([w[1] for w in windows]))
+            yield (
+                {key: torch.stack([w[0][key] for w in windows]) for key in windows[0][0]},
+                torch.stack([w[1] for w in windows]),
+            )
             windows = []

@@ -48,8 +48,10 @@ def _storage_ranges(folder) -> dict:
 def _io_error(path, error) -> OSError:
     """One line for a read error that says nothing about the checkpoint itself: the launch stops there."""
     name = errno.errorcode.get(error.errno, "?")
-    return OSError(f"cannot read {path}: {error.strerror} ({name}); nothing was moved: fix its access (the "
-                   f"container runs as uid {os.getuid()}) or move the checkpoint away, then restart")
+    return OSError(
+        f"cannot read {path}: {error.strerror} ({name}); nothing was moved: fix its access (the "
+        f"container runs as uid {os.getuid()}) or move the checkpoint away, then restart"
+    )
 
 
 def _read(path) -> bytes:
@@ -160,11 +162,16 @@ def prepare(folder, node_rank: int, move: bool = True) -> tuple:
     """
     found = scan(folder)
     moving = move and node_rank == 0
-    lines = [f"checkpoint {os.path.join(folder, name)} is broken ({why}): "
-             + ("moved to " + os.path.join(folder, ASIDE) if moving else "skipped")
-             for name, _, why in found.broken]
-    lines += [f"checkpoint {os.path.join(folder, name)} has no .metadata (a save cut short, or one still being "
-              "written): torchtitan skips it; left in place" for name in found.unfinished]
+    lines = [
+        f"checkpoint {os.path.join(folder, name)} is broken ({why}): "
+        + ("moved to " + os.path.join(folder, ASIDE) if moving else "skipped")
+        for name, _, why in found.broken
+    ]
+    lines += [
+        f"checkpoint {os.path.join(folder, name)} has no .metadata (a save cut short, or one still being "
+        "written): torchtitan skips it; left in place"
+        for name in found.unfinished
+    ]
     if moving:
         lines += [f"deleted {path}: set aside by an earlier launch" for path in set_aside(found)[1]]
     return found.latest, lines

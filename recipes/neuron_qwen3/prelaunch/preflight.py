@@ -111,18 +111,26 @@ def versions(lock_dir, version=importlib.metadata.version, neuron_dlc=None) -> t
             problems.append(f"{name} is not installed but {source} pins {' or '.join(sorted(wanted))}")
             continue
         if not any(_same(have, pin) for pin in wanted):
-            problems.append(f"{name} {have} is installed but {source} pins {' or '.join(sorted(wanted))}: "
-                            "rebuild the image (or `make venv`), or PREFLIGHT=warn to run anyway")
+            problems.append(
+                f"{name} {have} is installed but {source} pins {' or '.join(sorted(wanted))}: "
+                "rebuild the image (or `make venv`), or PREFLIGHT=warn to run anyway"
+            )
     return problems, warnings
 
 
 def tyro_line(text: str) -> str:
     """tyro's error box (its message, and the flags it suggests) as one line."""
-    sections = [[line.strip() for line in part.splitlines() if line.strip()]
-                for part in re.split(r"\n\s*-{20,}\s*", text)]
+    sections = [
+        [line.strip() for line in part.splitlines() if line.strip()] for part in re.split(r"\n\s*-{20,}\s*", text)
+    ]
     message = " ".join(next((part for part in sections[1:] if part), ["the arguments do not parse"]))
-    suggested = [line.split()[0] for part in sections if part and part[0].startswith("Perhaps you meant")
-                 for line in part[1:] if line.startswith("--")]
+    suggested = [
+        line.split()[0]
+        for part in sections
+        if part and part[0].startswith("Perhaps you meant")
+        for line in part[1:]
+        if line.startswith("--")
+    ]
     return message + (f" (nearest: {', '.join(suggested[:3])})" if suggested else "")
 
 
@@ -162,8 +170,10 @@ def missing_config(error: str, request: dict) -> str:
             return f"MODEL={model!r} is not a released Qwen3 (allowed: {', '.join(shapes.MODELS)})"
         family = shapes.FLAVORS[flavor].family
         allowed = [m for m, f in shapes.MODELS.items() if shapes.FLAVORS[f].family != family]
-        return (f"MODEL={model!r} is a {family} Qwen3 and VARIANT={variant} trains the other family (allowed: "
-                f"{', '.join(allowed)})")
+        return (
+            f"MODEL={model!r} is a {family} Qwen3 and VARIANT={variant} trains the other family (allowed: "
+            f"{', '.join(allowed)})"
+        )
     return error.splitlines()[0]
 
 
@@ -180,9 +190,20 @@ def trained_shape(config) -> shapes.Shape | None:
 
 
 # Architecture fields of config.json that fix the trained shape, in the order a mismatch is named.
-SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "intermediate_size", "num_experts", "num_experts_per_tok",
-                "moe_intermediate_size", "tie_word_embeddings")
+SHAPE_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "tie_word_embeddings",
+)
 
 
 def init_from(config, shape: shapes.Shape | None, resume_step) -> tuple[list, list]:
@@ -192,8 +213,10 @@ def init_from(config, shape: shapes.Shape | None, resume_step) -> tuple[list, li
     if not source or not config.checkpoint.initial_load_in_hf:
         return [], []
     if resume_step is not None:
-        return [], [f"INIT_FROM is ignored: {config.checkpoint.folder} holds a complete checkpoint (step "
-                    f"{resume_step}), and the run resumes from it"]
+        return [], [
+            f"INIT_FROM is ignored: {config.checkpoint.folder} holds a complete checkpoint (step "
+            f"{resume_step}), and the run resumes from it"
+        ]
     return hf_folder("INIT_FROM", source, shape), []
 
 
@@ -235,8 +258,10 @@ def export(config, parameters: int | None) -> list:
     target = os.path.abspath(target)
     folder = config.checkpoint.folder if config.checkpoint.enable else None
     if folder and os.path.commonpath([target, os.path.abspath(folder)]) == os.path.abspath(folder):
-        return [f"EXPORT_DIR={target!r} is inside CHECKPOINT_DIR, where a model folder would be taken for a "
-                "checkpoint: choose another folder"]
+        return [
+            f"EXPORT_DIR={target!r} is inside CHECKPOINT_DIR, where a model folder would be taken for a "
+            "checkpoint: choose another folder"
+        ]
     if parameters is None:
         return []
     needed, free = parameters * EXPORT_BYTES[config.export.dtype], shutil.disk_usage(fetch.nearest(target)).free
@@ -253,9 +278,15 @@ def validation(config, check_files: bool) -> list:
     if not held:
         return []
     if data.records.fraction(held) is not None:
-        return [] if data.mix.local_paths(source) else [f"VALIDATION={held} holds records out of DATASET, which is "
-                                                        f"not local ({source}): give a local DATASET, or a "
-                                                        "VALIDATION file"]
+        return (
+            []
+            if data.mix.local_paths(source)
+            else [
+                f"VALIDATION={held} holds records out of DATASET, which is "
+                f"not local ({source}): give a local DATASET, or a "
+                "VALIDATION file"
+            ]
+        )
     if not os.path.exists(held):
         return [f"VALIDATION={held!r}: no such file or folder (nor a fraction like 0.05)"]
     found = data.scan(held, config.dataloader.field) if check_files else None
@@ -334,22 +365,26 @@ def run(request: dict) -> dict:
     resume = None
     if config.checkpoint.enable and config.checkpoint.folder and not config.checkpoint.load_only:
         try:
-            resume, lines = checkpoints.prepare(config.checkpoint.folder, request["node_rank"],
-                                                move=request.get("fix_checkpoints", False))
+            resume, lines = checkpoints.prepare(
+                config.checkpoint.folder, request["node_rank"], move=request.get("fix_checkpoints", False)
+            )
         except OSError as error:
             answer["problems"].append(str(error))
             return answer
         answer["warnings"] += lines
-        answer["lines"].append(f"checkpoints: resuming from step {resume} in {config.checkpoint.folder}"
-                               if resume is not None else
-                               f"checkpoints: none complete in {config.checkpoint.folder}: starting at step 0")
+        answer["lines"].append(
+            f"checkpoints: resuming from step {resume} in {config.checkpoint.folder}"
+            if resume is not None
+            else f"checkpoints: none complete in {config.checkpoint.folder}: starting at step 0"
+        )
     problems, warnings = init_from(config, shape, None if tuned else resume)  # LoRA loads its base every start
     reference = getattr(getattr(config, "preference", None), "reference", "")  # finish.py resolved it
     if reference and reference != config.checkpoint.initial_load_path:
         problems += hf_folder("DPO_REFERENCE", reference, shape)
     if tuned and resume is not None and not problems:
-        problems = folders.check_resume_base(os.path.join(config.checkpoint.folder, f"step-{resume}"),
-                                             config.checkpoint.initial_load_path)
+        problems = folders.check_resume_base(
+            os.path.join(config.checkpoint.folder, f"step-{resume}"), config.checkpoint.initial_load_path
+        )
     exported = shape.parameters() if shape and (not tuned or tuned.merged) else None  # an adapter is small
     answer["problems"] += problems + export(config, exported)
     answer["warnings"] += warnings
@@ -360,8 +395,11 @@ def run(request: dict) -> dict:
         if problem:
             answer["problems"].append(problem)
         else:
-            answer["lines"].append(f"dataset: {found.counts['records']} records" + (
-                f", {found.counts['turns']} turns" if found.counts["turns"] else "") + f" in {path}")
+            answer["lines"].append(
+                f"dataset: {found.counts['records']} records"
+                + (f", {found.counts['turns']} turns" if found.counts["turns"] else "")
+                + f" in {path}"
+            )
     return answer
 
 
@@ -377,8 +415,9 @@ def rendered(config) -> list:
         return [str(error)]
     for path in paths or ():
         try:
-            problem = data.render_first(path, config.dataloader.field, config.dataloader.train_on,
-                                        data.tokenizer_of(config))
+            problem = data.render_first(
+                path, config.dataloader.field, config.dataloader.train_on, data.tokenizer_of(config)
+            )
         except data.DataError as error:
             problem = str(error)
         if problem:

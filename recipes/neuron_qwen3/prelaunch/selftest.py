@@ -6,8 +6,8 @@
                  bf16 tolerance the CPU tests hold the reference to
     native       three native smoke steps on one NeuronCore, through the article's command typed as by hand
 
-The launcher runs `python -m neuron_qwen3.prelaunch.selftest` when it found Neuron devices; the first failure stops the run
-with exit status 1, all passed is 0. Nothing runs at import: torch is imported by the checks that need it.
+The launcher runs `python -m neuron_qwen3.prelaunch.selftest` when it found Neuron devices; the first failure stops
+the run with exit status 1, all passed is 0. Nothing runs at import: torch is imported by the checks that need it.
 """
 
 import math
@@ -36,10 +36,26 @@ class Shape:
 
 
 # The smoke MoE model's layer, and Qwen3-30B-A3B's H and I with fewer experts (the CPU reference stays quick).
-SHAPES = (Shape("smoke", shapes.SMOKE_MOE.dim, shapes.SMOKE_MOE.hidden_dim, shapes.SMOKE_MOE.num_experts, 256,
-                shapes.SMOKE_MOE.top_k, 256),
-          Shape("30b_a3b", shapes.FLAVORS["30B-A3B"].dim, shapes.FLAVORS["30B-A3B"].hidden_dim, 8, 512,
-                shapes.FLAVORS["30B-A3B"].top_k, 256))
+SHAPES = (
+    Shape(
+        "smoke",
+        shapes.SMOKE_MOE.dim,
+        shapes.SMOKE_MOE.hidden_dim,
+        shapes.SMOKE_MOE.num_experts,
+        256,
+        shapes.SMOKE_MOE.top_k,
+        256,
+    ),
+    Shape(
+        "30b_a3b",
+        shapes.FLAVORS["30B-A3B"].dim,
+        shapes.FLAVORS["30B-A3B"].hidden_dim,
+        8,
+        512,
+        shapes.FLAVORS["30B-A3B"].top_k,
+        256,
+    ),
+)
 
 
 class Failed(Exception):
@@ -72,20 +88,29 @@ def compare_kernels(shape: Shape, device: str, lnc: int = 2, seed: int = 0) -> s
     import torch
 
     from neuron_qwen3.moe.experts import blockwise_moe_experts
-    from neuron_qwen3.moe.layout import (BlockLayout, ExpertWeights, max_num_blocks, presorted_block_layout,
-                                         unit_affinities)
+    from neuron_qwen3.moe.layout import (
+        BlockLayout,
+        ExpertWeights,
+        max_num_blocks,
+        presorted_block_layout,
+        unit_affinities,
+    )
     from neuron_qwen3.moe.reference import TOLERANCE, reference_backward, reference_forward
 
     gen = torch.Generator().manual_seed(seed)
     rows = shape.tokens * shape.top_k
     counts = torch.bincount(torch.randint(0, shape.experts, (rows,), generator=gen), minlength=shape.experts)
-    layout = presorted_block_layout(counts, rows, shape.block_size, max_num_blocks(rows, shape.experts,
-                                                                                   shape.block_size))
+    layout = presorted_block_layout(
+        counts, rows, shape.block_size, max_num_blocks(rows, shape.experts, shape.block_size)
+    )
     dtype = torch.bfloat16
     x = torch.cat([torch.randn(rows, shape.dim, generator=gen), torch.zeros(1, shape.dim)]).to(dtype)
-    weights = ExpertWeights(*(torch.randn(shape.experts, *dims, generator=gen).div(dims[1] ** 0.5).to(dtype)
-                              for dims in ((shape.hidden, shape.dim), (shape.hidden, shape.dim),
-                                           (shape.dim, shape.hidden))))
+    weights = ExpertWeights(
+        *(
+            torch.randn(shape.experts, *dims, generator=gen).div(dims[1] ** 0.5).to(dtype)
+            for dims in ((shape.hidden, shape.dim), (shape.hidden, shape.dim), (shape.dim, shape.hidden))
+        )
+    )
     affinities = unit_affinities(layout, shape.experts, dtype)
     grad_out = torch.randn(rows, shape.dim, generator=gen).to(dtype)
 
@@ -94,19 +119,24 @@ def compare_kernels(shape: Shape, device: str, lnc: int = 2, seed: int = 0) -> s
 
     to = lambda t: t.detach().to(device).requires_grad_(t.is_floating_point())  # noqa: E731
     dev_x, dev_w = to(x), [to(w) for w in (weights.w1_EFD, weights.w3_EFD, weights.w2_EDF)]
-    dev_layout = BlockLayout(layout.token_position_to_id.to(device), layout.block_to_expert.to(device),
-                             layout.num_tokens, layout.block_size)
+    dev_layout = BlockLayout(
+        layout.token_position_to_id.to(device), layout.block_to_expert.to(device), layout.num_tokens, layout.block_size
+    )
     out = blockwise_moe_experts(dev_x, affinities.to(device), ExpertWeights(*dev_w), dev_layout, "nki", lnc)
     out.backward(grad_out.to(device))
 
     tolerance = TOLERANCE["bfloat16"]
     out_err = relative_error(out, ref_out)
     # The padding row's input gradient is not compared: NKIGroupedExperts drops it (it is its own zero row).
-    grad_err = max(relative_error(got, want) for got, want in zip([dev_x.grad[:rows], *(w.grad for w in dev_w)],
-                                                                  [ref_grads[0][:rows], *ref_grads[2:]]))
-    verdict = (f"H={shape.dim} I={shape.hidden} E={shape.experts} B={shape.block_size}: output error "
-               f"{out_err:.1e} (tolerance {tolerance['output']:g}), gradients {grad_err:.1e} "
-               f"(tolerance {tolerance['gradients']:g})")
+    grad_err = max(
+        relative_error(got, want)
+        for got, want in zip([dev_x.grad[:rows], *(w.grad for w in dev_w)], [ref_grads[0][:rows], *ref_grads[2:]])
+    )
+    verdict = (
+        f"H={shape.dim} I={shape.hidden} E={shape.experts} B={shape.block_size}: output error "
+        f"{out_err:.1e} (tolerance {tolerance['output']:g}), gradients {grad_err:.1e} "
+        f"(tolerance {tolerance['gradients']:g})"
+    )
     if not (out_err <= tolerance["output"] and grad_err <= tolerance["gradients"]):
         raise Failed(verdict)
     return verdict
@@ -123,14 +153,24 @@ def check_kernels(lnc: int) -> str:
     from neuron_qwen3.quirks import devices
 
     # The compiler's --lnc must equal the runtime's (error NCC_EVRF066); the last --lnc in NEURON_CC_FLAGS wins.
-    env = devices.environment(NEURON_LOGICAL_NC_CONFIG=str(lnc), NEURON_RT_VISIBLE_CORES="0",
-                              NEURON_CC_FLAGS=f"{devices.environment().get('NEURON_CC_FLAGS', '')} --lnc={lnc}")
-    result = subprocess.run([sys.executable, "-m", "neuron_qwen3.prelaunch.selftest", "kernels", str(lnc)], env=env,
-                            capture_output=True, text=True)
+    env = devices.environment(
+        NEURON_LOGICAL_NC_CONFIG=str(lnc),
+        NEURON_RT_VISIBLE_CORES="0",
+        NEURON_CC_FLAGS=f"{devices.environment().get('NEURON_CC_FLAGS', '')} --lnc={lnc}",
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "neuron_qwen3.prelaunch.selftest", "kernels", str(lnc)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     last = (result.stdout.strip().splitlines() or [""])[-1].removeprefix(PREFIX)
     if result.returncode or not last.startswith("PASS "):
-        tail = last.partition(": ")[2] if last.startswith("FAIL ") else (result.stderr.strip().splitlines()
-                                                                          or ["no output"])[-1]
+        tail = (
+            last.partition(": ")[2]
+            if last.startswith("FAIL ")
+            else (result.stderr.strip().splitlines() or ["no output"])[-1]
+        )
         raise Failed(f"the LNC {lnc} kernel checks stopped (exit {result.returncode}): {tail}")
     return last.partition(": ")[2]
 
@@ -148,10 +188,27 @@ def native_verdict(returncode: int, output: str, steps: int) -> str:
 
 
 def check_native(steps: int = 3) -> str:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--rdzv_backend", "c10d",
-               "--rdzv_endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", "-m", "torchtitan.train",
-               "--module", "neuron_qwen3", "--config", "native_qwen3_smoke", "--device=neuron",
-               f"--training.steps={steps}", "--dump_folder=/tmp/neuron-qwen3-self-test"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=1",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        "127.0.0.1:0",
+        "--local-addr",
+        "127.0.0.1",
+        "-m",
+        "torchtitan.train",
+        "--module",
+        "neuron_qwen3",
+        "--config",
+        "native_qwen3_smoke",
+        "--device=neuron",
+        f"--training.steps={steps}",
+        "--dump_folder=/tmp/neuron-qwen3-self-test",
+    ]
     from neuron_qwen3.quirks import devices
 
     env = devices.environment(NEURON_RT_VISIBLE_CORES="0", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
@@ -172,8 +229,11 @@ def run_checks(checks, stream=None) -> int:
     return 0
 
 
-CHECKS = (("runtime", check_runtime), *((f"nki_moe LNC {lnc}", lambda lnc=lnc: check_kernels(lnc)) for lnc in LNC_ORDER),
-          ("native", check_native))
+CHECKS = (
+    ("runtime", check_runtime),
+    *((f"nki_moe LNC {lnc}", lambda lnc=lnc: check_kernels(lnc)) for lnc in LNC_ORDER),
+    ("native", check_native),
+)
 
 
 def main(argv=None) -> int:

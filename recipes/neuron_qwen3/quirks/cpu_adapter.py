@@ -84,11 +84,14 @@ def _native_flex_attention(q, k, v, *, score_mod, block_mask, scale, enable_gqa,
 def _hf_flex_attention_forward(module, query, key, value, attention_mask, scaling=None, softcap=None, **kwargs):
     """Stands in for transformers' `flex_attention_forward`, which the transformers backend calls."""
     if softcap is not None or kwargs.get("s_aux") is not None or kwargs.get("position_bias") is not None:
-        raise NotImplementedError("the CPU attention stand-in does not support softcap, attention sinks or position "
-                                  "bias")
+        raise NotImplementedError(
+            "the CPU attention stand-in does not support softcap, attention sinks or position bias"
+        )
     if not isinstance(attention_mask, BlockMask):
         raise TypeError(f"the CPU attention stand-in expects a flex BlockMask, got {type(attention_mask)}")
-    out, _ = dense_attention(query, key, value, attention_mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    out, _ = dense_attention(
+        query, key, value, attention_mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1]
+    )
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -51,8 +51,10 @@ def set_up(kind: str) -> str:
 
     if kind == "neuron":
         if not _neuron_registered():
-            sys.exit("neuron_qwen3: device neuron, but torch_neuronx is not importable: run the Neuron image on a "
-                     "Trainium host")
+            sys.exit(
+                "neuron_qwen3: device neuron, but torch_neuronx is not importable: run the Neuron image on a "
+                "Trainium host"
+            )
         rebind(tt_utils, "device_type", "neuron")
         rebind(tt_utils, "device_module", torch._utils._get_device_module("neuron"))
     elif kind == "cpu":

@@ -25,8 +25,10 @@ from torchtitan.tools.logging import logger as titan_logger  # the root logger
 MODEL_ONLY = "initial_load_model_only=True has no effect without an initial_load_path."  # base.py:337, WARNING
 A100_FALLBACK = re.compile(r"Peak flops undefined for(?: TPU)?: (?P<device>.*), fallback to A100")  # utils.py, WARNING
 PEAK_USED = "Peak FLOPS used for computing MFU: "  # trainer.py:540, INFO, followed by the figure
-NO_PEAK = (PEAK_USED + "none ({reason}); torchtitan's A100 fallback is not used: its step lines say mfu: N/A, the "
-           "run report's mfu is null")
+NO_PEAK = (
+    PEAK_USED + "none ({reason}); torchtitan's A100 fallback is not used: its step lines say mfu: N/A, the "
+    "run report's mfu is null"
+)
 
 
 class TitanLogs(logging.Filter):

@@ -11,8 +11,7 @@ where every rank runs them: inside the metrics processor's `log`, as the MoE rou
 import torch
 import torch.distributed as dist
 
-SUMMED = ("records", "turns", "tokens_trained", "tokens_masked", "tokens_padding", "truncated", "split",
-          "tokens_cut")
+SUMMED = ("records", "turns", "tokens_trained", "tokens_masked", "tokens_padding", "truncated", "split", "tokens_cut")
 
 
 class DataRead:
@@ -26,21 +25,28 @@ class DataRead:
         sources = stats.get("sources") or {}
         cache = stats.get("cache")
         summed = [stats[key] for key in SUMMED] + [n for s in sources.values() for n in s.values()]
-        most = [stats["epoch"], 0 if cache is None or cache["hit"] else 1,
-                round(cache["prepare_s"] * 1000) if cache else 0,
-                round(cache["built_s"] * 1000) if cache and cache["built_s"] is not None else -1]
+        most = [
+            stats["epoch"],
+            0 if cache is None or cache["hit"] else 1,
+            round(cache["prepare_s"] * 1000) if cache else 0,
+            round(cache["built_s"] * 1000) if cache and cache["built_s"] is not None else -1,
+        ]
         summed, most = (torch.tensor(values, dtype=torch.int64, device=self.device) for values in (summed, most))
         if self.group is not None:
             dist.all_reduce(summed, group=self.group)
             dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)
         summed, most = (summed // self.cp).tolist(), most.tolist()
         found = {"kind": stats["kind"], "epoch": most[0], **dict(zip(SUMMED, summed))}
-        rest = iter(summed[len(SUMMED):])
+        rest = iter(summed[len(SUMMED) :])
         if sources:
             found["sources"] = {name: {key: next(rest) for key in counts} for name, counts in sources.items()}
         if cache is not None:
-            found["cache"] = {"hit": most[1] == 0, "prepare_s": most[2] / 1000,
-                              "built_s": most[3] / 1000 if most[3] >= 0 else None, "folder": cache["folder"]}
+            found["cache"] = {
+                "hit": most[1] == 0,
+                "prepare_s": most[2] / 1000,
+                "built_s": most[3] / 1000 if most[3] >= 0 else None,
+                "folder": cache["folder"],
+            }
         return found
 
 

@@ -58,9 +58,11 @@ def peak(device_type: str, device_name: str, logical_nc_config: int = 2) -> Peak
         # UNCONFIRMED on hardware: torchtitan's entry reads the chip from torch_neuronx's device properties
         chip = _neuron_chip()
         per_core = get_peak_flops("neuron") / TORCHTITAN_NEURON_LNC.get(chip, 2)
-        return Peak(per_core * logical_nc_config,
-                    f"torchtitan get_peak_flops, Neuron entry ({chip}): {per_core / 1e12:g} TFLOPS bf16 per "
-                    f"physical NeuronCore x LNC={logical_nc_config}")
+        return Peak(
+            per_core * logical_nc_config,
+            f"torchtitan get_peak_flops, Neuron entry ({chip}): {per_core / 1e12:g} TFLOPS bf16 per "
+            f"physical NeuronCore x LNC={logical_nc_config}",
+        )
     flops = get_peak_flops(device_name)
     if flops == A100_BF16 and "A100" not in device_name:
         return Peak(None, f"{device_name!r} is not in torchtitan's peak table (it would assume an A100)")

@@ -54,8 +54,13 @@ def plot_losses(runs: dict, path: Path, validation: list = ()) -> None:
         (line,) = ax.plot(steps, smoothed(losses), label=f"{label} (smoothed)")
         ax.plot(steps, losses, color=line.get_color(), alpha=0.3, marker=".", label=f"{label} (raw)")
     if validation:
-        ax.plot([v["step"] for v in validation], [v["validation_loss"] for v in validation], color="black",
-                marker="o", label="validation (whole set)")
+        ax.plot(
+            [v["step"] for v in validation],
+            [v["validation_loss"] for v in validation],
+            color="black",
+            marker="o",
+            label="validation (whole set)",
+        )
     ax.legend()
     fig.savefig(path)
     plt.close(fig)
@@ -68,8 +73,13 @@ def plot_throughput(records: list, warmup_steps: int, path: Path) -> None:
     if steady:
         ax.axhline(statistics.median(steady), color="gray", linestyle="--", label="steady-state median")
     if warmup_steps:
-        ax.axvspan(records[0]["step"] - 0.5, warmup_steps + 0.5, color="orange", alpha=0.2,
-                   label=f"warm-up (steps 1-{warmup_steps}): not in the steady state")
+        ax.axvspan(
+            records[0]["step"] - 0.5,
+            warmup_steps + 0.5,
+            color="orange",
+            alpha=0.2,
+            label=f"warm-up (steps 1-{warmup_steps}): not in the steady state",
+        )
     ax.legend()
     fig.savefig(path)
     plt.close(fig)
@@ -103,11 +113,22 @@ def plot_preference(records: list, path: Path, validation: list = ()) -> None:
     right = ax.twinx()
     right.set_ylabel("preference accuracy")
     right.set_ylim(-0.05, 1.05)
-    right.plot(steps, [r["dpo"]["rewards/accuracies"] for r in records], color="black", alpha=0.4, marker=".",
-               label="accuracy (training pairs)")
+    right.plot(
+        steps,
+        [r["dpo"]["rewards/accuracies"] for r in records],
+        color="black",
+        alpha=0.4,
+        marker=".",
+        label="accuracy (training pairs)",
+    )
     if validation:
-        right.plot([v["step"] for v in validation], [v["dpo"]["rewards/accuracies"] for v in validation],
-                   color="black", marker="o", label="accuracy (held-out pairs)")
+        right.plot(
+            [v["step"] for v in validation],
+            [v["dpo"]["rewards/accuracies"] for v in validation],
+            color="black",
+            marker="o",
+            label="accuracy (held-out pairs)",
+        )
     lines = [line for axis in (ax, right) for line in axis.get_lines()]
     ax.legend(lines, [line.get_label() for line in lines], loc="best")
     fig.savefig(path)

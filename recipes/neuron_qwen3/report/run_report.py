@@ -80,16 +80,22 @@ def record_of(metrics: dict, step: int, steps_since_last: int, world_size: int, 
 
 def _dpo(metrics: dict, prefix: str) -> dict:
     """METHOD=dpo: {"dpo": the means over the pairs (preference/dpo.py)}, or {}."""
-    found = {key[len(prefix):]: value for key, value in metrics.items() if key.startswith(prefix)}
+    found = {key[len(prefix) :]: value for key, value in metrics.items() if key.startswith(prefix)}
     return {"dpo": found} if found else {}
 
 
 def moe_record(load: dict) -> dict:
     """The experts' load of one logging interval (RouterWatch.interval) as metrics.jsonl holds it; the NaN of a
     layer that routed nothing is null (strict JSON)."""
-    return {"aux_loss": load["aux"], "z_loss": load["z"], "block_padding": load["padding"],
-            "layers": [{"tokens": layer["tokens"], "max_mean": _finite(layer["max_mean"]),
-                        "entropy": _finite(layer["entropy"])} for layer in load["layers"]]}
+    return {
+        "aux_loss": load["aux"],
+        "z_loss": load["z"],
+        "block_padding": load["padding"],
+        "layers": [
+            {"tokens": layer["tokens"], "max_mean": _finite(layer["max_mean"]), "entropy": _finite(layer["entropy"])}
+            for layer in load["layers"]
+        ],
+    }
 
 
 def loss_ce(loss: float, load: dict, aux_coef: float, z_coef: float) -> float:
@@ -111,8 +117,15 @@ def moe_summary(records: list) -> dict | None:
     moe = last["moe"]
     worst = max(range(len(moe["layers"])), key=lambda i: moe["layers"][i]["max_mean"] or 0)  # null: none routed
     layer = moe["layers"][worst]
-    return {"step": last["step"], "worst_layer": worst, "max_mean": layer["max_mean"], "entropy": layer["entropy"],
-            "block_padding": moe["block_padding"], "aux_loss": moe["aux_loss"], "z_loss": moe["z_loss"]}
+    return {
+        "step": last["step"],
+        "worst_layer": worst,
+        "max_mean": layer["max_mean"],
+        "entropy": layer["entropy"],
+        "block_padding": moe["block_padding"],
+        "aux_loss": moe["aux_loss"],
+        "z_loss": moe["z_loss"],
+    }
 
 
 def _finite(value: float) -> float | None:
@@ -137,8 +150,16 @@ class ReportLogger(BaseLogger):
     at the first logged step, then at most once per `progress_every` seconds (a long run's log is not flooded).
     `router`: a MoE model's RouterWatch (moe/routing.py), whose `last` is the interval's load when `log` runs."""
 
-    def __init__(self, folder: Path, world_size: int, log_freq: int, steps: int, progress_every: float = 60,
-                 clock=time.monotonic, router=None):
+    def __init__(
+        self,
+        folder: Path,
+        world_size: int,
+        log_freq: int,
+        steps: int,
+        progress_every: float = 60,
+        clock=time.monotonic,
+        router=None,
+    ):
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "metrics.jsonl"
         self.path.write_text("")  # this launch's records only; a resumed run starts its own
@@ -191,18 +212,23 @@ class RunReport:
         config, metrics = trainer.config, trainer.metrics_processor
         shape = shapes.of_model_config(trainer.model_config)
         metrics.num_flops_per_token = flops.per_token(shape, config.training.seq_len)
-        peak = flops.peak(utils.device_type, metrics.device_memory_monitor.device_name,
-                          config.neuron.logical_nc_config)
+        peak = flops.peak(utils.device_type, metrics.device_memory_monitor.device_name, config.neuron.logical_nc_config)
         if peak.flops is None:
             metrics.has_quantization = True  # upstream's one switch for "no MFU" (MetricsProcessor.log)
         else:
             metrics.gpu_peak_flops = peak.flops
-        rank = _get_metrics_rank(parallel_dims=trainer.parallel_dims,
-                                 pp_schedule=config.parallelism.pipeline_parallel_schedule)
+        rank = _get_metrics_rank(
+            parallel_dims=trainer.parallel_dims, pp_schedule=config.parallelism.pipeline_parallel_schedule
+        )
         if _rank() == rank:
-            backend = ReportLogger(Path(config.dump_folder) / FOLDER, trainer.parallel_dims.world_size,
-                                   config.metrics.log_freq, config.training.steps, config.report.progress_every_s,
-                                   router=trainer.router_watch)
+            backend = ReportLogger(
+                Path(config.dump_folder) / FOLDER,
+                trainer.parallel_dims.world_size,
+                config.metrics.log_freq,
+                config.training.steps,
+                config.report.progress_every_s,
+                router=trainer.router_watch,
+            )
             if not isinstance(metrics.logger, LoggerContainer):
                 container = LoggerContainer()
                 container.add_logger(metrics.logger)
@@ -265,30 +291,44 @@ class RunReport:
         first_step_end = records[0]["time"] if records else None
         moe = moe_summary(records)
         return {
-            "variant": config.report.variant or None, "scale": config.report.scale or None,
-            "config": config.report.config or None, "model": config.report.model or None,
+            "variant": config.report.variant or None,
+            "scale": config.report.scale or None,
+            "config": config.report.config or None,
+            "model": config.report.model or None,
             "compile": config.compile.enable,
-            "device": {"kind": utils.device_type, "name": trainer.metrics_processor.device_memory_monitor.device_name,
-                       "count": dims.world_size},
+            "device": {
+                "kind": utils.device_type,
+                "name": trainer.metrics_processor.device_memory_monitor.device_name,
+                "count": dims.world_size,
+            },
             "processes": dims.world_size,
             "nodes": max(1, dims.world_size // devices.processes_per_node(dims.world_size)),
             "batch": {"local": config.training.local_batch_size, "seq_len": config.training.seq_len},
             "steps": {"done": trainer.step, "planned": config.training.steps},
-            "end": end, "end_detail": detail,
+            "end": end,
+            "end_detail": detail,
             "tokens_seen": trainer.ntokens_seen * dims.world_size // dims.non_data_parallel_size,
             "tokens_per_s": median("tokens_per_s"),
             "tokens_per_s_per_device": median("tokens_per_s_per_device"),
             "step_time_s": step_s,
             "steady_state": {"steps": [r["step"] for r in steady], "statistic": "median"},
-            "warmup": {"steps": [r["step"] for r in warmup], "seconds": warmup_s,
-                       "over_steady_s": warmup_s - step_s * len(warmup) if warmup and step_s else None,
-                       "note": "the first steps build the graphs; with COMPILE=1 they include compilation"},
-            "flops": {"per_token": trainer.metrics_processor.num_flops_per_token,
-                      "formula": "6 * active matmul weights + 12 * layers * heads * head_dim * seq_len",
-                      "active_matmul_params": flops.active_matmul_params(self.shape),
-                      "tflops_per_device": median("tflops_per_device")},
-            "mfu": {"pct": median("mfu_pct") if self.peak.flops else None, "peak_flops": self.peak.flops,
-                    "peak_source": self.peak.source},
+            "warmup": {
+                "steps": [r["step"] for r in warmup],
+                "seconds": warmup_s,
+                "over_steady_s": warmup_s - step_s * len(warmup) if warmup and step_s else None,
+                "note": "the first steps build the graphs; with COMPILE=1 they include compilation",
+            },
+            "flops": {
+                "per_token": trainer.metrics_processor.num_flops_per_token,
+                "formula": "6 * active matmul weights + 12 * layers * heads * head_dim * seq_len",
+                "active_matmul_params": flops.active_matmul_params(self.shape),
+                "tflops_per_device": median("tflops_per_device"),
+            },
+            "mfu": {
+                "pct": median("mfu_pct") if self.peak.flops else None,
+                "peak_flops": self.peak.flops,
+                "peak_source": self.peak.source,
+            },
             "peak_memory_gib": max((r["memory_gib"] for r in records), default=None),
             "launch_to_first_step_s": first_step_end - self.launched if first_step_end else None,
             "first_loss": records[0]["loss"] if records else None,
@@ -308,9 +348,13 @@ def validation_summary(validations: list) -> dict | None:
     if not validations:
         return None
     best = min(validations, key=lambda v: v["validation_loss"])
-    return {"first_loss": validations[0]["validation_loss"], "best_loss": best["validation_loss"],
-            "best_step": best["step"], "last_loss": validations[-1]["validation_loss"],
-            "steps": [v["step"] for v in validations]}
+    return {
+        "first_loss": validations[0]["validation_loss"],
+        "best_loss": best["validation_loss"],
+        "best_step": best["step"],
+        "last_loss": validations[-1]["validation_loss"],
+        "steps": [v["step"] for v in validations],
+    }
 
 
 def _stop_on_sigterm(signum, _frame):

@@ -47,8 +47,9 @@ def tokenizer_of(config):
     """torchtitan's tokenizer of the folder whose chat template the run renders with (finish.py sets it)."""
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    return HuggingFaceTokenizer(tokenizer_path=getattr(config.dataloader, "tokenizer_folder", "")
-                                or config.hf_assets_path)
+    return HuggingFaceTokenizer(
+        tokenizer_path=getattr(config.dataloader, "tokenizer_folder", "") or config.hf_assets_path
+    )
 
 
 def read_prompts(path: str, field: str, tokenizer, room: int) -> list[Prompt]:
@@ -77,8 +78,10 @@ def read_prompts(path: str, field: str, tokenizer, room: int) -> list[Prompt]:
         except Problem as problem:
             raise DataError(f"{table.origin(i)}: {problem}") from None
         if len(ids) > room:
-            raise DataError(f"{table.origin(i)}: {len(ids)} prompt tokens; the window leaves {room} beside "
-                            "SAMPLE_TOKENS: shorten the prompt or lower SAMPLE_TOKENS")
+            raise DataError(
+                f"{table.origin(i)}: {len(ids)} prompt tokens; the window leaves {room} beside "
+                "SAMPLE_TOKENS: shorten the prompt or lower SAMPLE_TOKENS"
+            )
         last = next(m for m in reversed(messages) if m["role"] in ("user", "tool"))
         prompts.append(Prompt(table.origin(i), last.get("content") or "", thinking, ids))
     return prompts
@@ -109,8 +112,9 @@ def layout(prompts: list, rows: int, seq_len: int, new_tokens: int) -> list:
     return windows
 
 
-def generate(forward, prompts: list, rows: int, seq_len: int, new_tokens: int, stops: set,
-             agree=lambda picks: picks) -> list:
+def generate(
+    forward, prompts: list, rows: int, seq_len: int, new_tokens: int, stops: set, agree=lambda picks: picks
+) -> list:
     """Greedy answers to `prompts` (lists of ids): (tokens, stop reason) each, stop reason `end` (a token of
     `stops`, kept) or `length`. The prompts are packed as documents (positions restart at 0) into windows
     (`layout`). `forward(tokens, positions, at)` takes a [rows, seq_len] window, attends within its documents as
@@ -126,16 +130,16 @@ def generate(forward, prompts: list, rows: int, seq_len: int, new_tokens: int, s
         ends, outs, row_of = {}, {k: [] for k, _, _ in window}, {k: row for k, row, _ in window}
         for k, row, start in window:
             ids = prompts[k]
-            tokens[row, start:start + len(ids)] = torch.tensor(ids)
-            positions[row, start:start + len(ids) + new_tokens] = torch.arange(len(ids) + new_tokens)
+            tokens[row, start : start + len(ids)] = torch.tensor(ids)
+            positions[row, start : start + len(ids) + new_tokens] = torch.arange(len(ids) + new_tokens)
             ends[k] = start + len(ids)
         for _ in range(new_tokens):
             if not ends:
                 break
             live = sorted(ends)
             at = torch.zeros((reads, 2), dtype=torch.long)
-            at[:len(live)] = torch.tensor([[row_of[k], ends[k] - 1] for k in live])
-            picks = agree(forward(tokens, positions, at)[:len(live)].float().argmax(dim=-1))
+            at[: len(live)] = torch.tensor([[row_of[k], ends[k] - 1] for k in live])
+            picks = agree(forward(tokens, positions, at)[: len(live)].float().argmax(dim=-1))
             for k, pick in zip(live, picks.tolist()):
                 outs[k].append(pick)
                 tokens[row_of[k], ends[k]] = pick
@@ -152,11 +156,19 @@ class Sampler:
     """SAMPLE_PROMPTS answered by a trainer's model; `attach` builds it, `sample(step)` runs on every rank."""
 
     def __init__(self, trainer, prepare, tokenizer, prompts: list[Prompt], every: int):
-        self.trainer, self.prepare, self.tokenizer, self.prompts, self.every = trainer, prepare, tokenizer, prompts, \
-            every
+        self.trainer, self.prepare, self.tokenizer, self.prompts, self.every = (
+            trainer,
+            prepare,
+            tokenizer,
+            prompts,
+            every,
+        )
         config = trainer.config
-        self.rows, self.seq_len, self.new_tokens = config.training.local_batch_size, config.training.seq_len, \
-            config.samples.tokens
+        self.rows, self.seq_len, self.new_tokens = (
+            config.training.local_batch_size,
+            config.training.seq_len,
+            config.samples.tokens,
+        )
         self.stops = stop_ids(tokenizer)
         self.writer = dist.get_rank() == 0 if dist.is_initialized() else True
         self.folder = Path(config.dump_folder) / FOLDER
@@ -190,8 +202,15 @@ class Sampler:
         model.eval()
         try:
             with torch.no_grad():
-                answers = generate(self._forward, [p.ids for p in self.prompts], self.rows, self.seq_len,
-                                   self.new_tokens, self.stops, agree=self._agree)
+                answers = generate(
+                    self._forward,
+                    [p.ids for p in self.prompts],
+                    self.rows,
+                    self.seq_len,
+                    self.new_tokens,
+                    self.stops,
+                    agree=self._agree,
+                )
         finally:
             model.train()
         self.seconds += time.perf_counter() - started
@@ -217,9 +236,18 @@ class Sampler:
 
     def _write(self, step: int, answers: list) -> None:
         decode = self.tokenizer.decode
-        rows = [{"step": step, "prompt": p.origin, "text": p.text, "enable_thinking": p.thinking,
-                 "answer": decode(tokens), "tokens": tokens, "stop": stop}
-                for p, (tokens, stop) in zip(self.prompts, answers)]
+        rows = [
+            {
+                "step": step,
+                "prompt": p.origin,
+                "text": p.text,
+                "enable_thinking": p.thinking,
+                "answer": decode(tokens),
+                "tokens": tokens,
+                "stop": stop,
+            }
+            for p, (tokens, stop) in zip(self.prompts, answers)
+        ]
         with (self.folder / "samples.jsonl").open("a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
         write_markdown(rows_of(self.folder / "samples.jsonl"), self.folder / "samples.md")
@@ -227,14 +255,21 @@ class Sampler:
             for k, row in enumerate(rows):
                 self.tensorboard.add_text(f"samples/{k}", f"**{row['text']}**\n\n{row['answer']}", step)
             self.tensorboard.flush()
-        logger.info(f"samples: step {step}, {len(rows)} answers in {self.seconds:.1f} s so far "
-                    f"({', '.join(stop for _, stop in answers)})")
+        logger.info(
+            f"samples: step {step}, {len(rows)} answers in {self.seconds:.1f} s so far "
+            f"({', '.join(stop for _, stop in answers)})"
+        )
 
     def stats(self) -> dict:
         """For summary.json: the prompts, the window shapes sampling ran (one) and how many forward passes, and
         its seconds in all."""
-        return {"prompts": len(self.prompts), "tokens": self.new_tokens, "shapes": sorted(self.shapes),
-                "forwards": self.forwards, "seconds": round(self.seconds, 3)}
+        return {
+            "prompts": len(self.prompts),
+            "tokens": self.new_tokens,
+            "shapes": sorted(self.shapes),
+            "forwards": self.forwards,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def rows_of(path: Path) -> list:
@@ -246,8 +281,14 @@ def write_markdown(rows: list, path: Path) -> None:
     lines = ["# Samples", "", "![loss](loss.png)", ""]
     for origin in dict.fromkeys(row["prompt"] for row in rows):
         mine = [row for row in rows if row["prompt"] == origin]
-        lines += [f"## {origin}", "", "> " + mine[0]["text"].replace("\n", "\n> "), "", "| step | stop | answer |",
-                  "|---|---|---|"]
+        lines += [
+            f"## {origin}",
+            "",
+            "> " + mine[0]["text"].replace("\n", "\n> "),
+            "",
+            "| step | stop | answer |",
+            "|---|---|---|",
+        ]
         lines += [f"| {row['step']} | {row['stop']} | {cell(row['answer'])} |" for row in mine]
         lines.append("")
     path.write_text("\n".join(lines))
@@ -269,11 +310,14 @@ def before_launch(config) -> list:
     settings = getattr(config, "samples", None)
     if settings is None or not settings.prompts:
         return []
-    found = read_prompts(settings.prompts, field_of(config), tokenizer_of(config),
-                         config.training.seq_len - settings.tokens)
+    found = read_prompts(
+        settings.prompts, field_of(config), tokenizer_of(config), config.training.seq_len - settings.tokens
+    )
     every = f", every {interval(config)} steps" if interval(config) else ""
-    return [f"samples: {len(found)} prompts answered (up to {settings.tokens} tokens) at step 0{every} and after "
-            f"the last step, in windows of {config.training.local_batch_size} x {config.training.seq_len}"]
+    return [
+        f"samples: {len(found)} prompts answered (up to {settings.tokens} tokens) at step 0{every} and after "
+        f"the last step, in windows of {config.training.local_batch_size} x {config.training.seq_len}"
+    ]
 
 
 def attach(trainer, prepare) -> Sampler | None:
@@ -283,9 +327,11 @@ def attach(trainer, prepare) -> Sampler | None:
     if not config.samples.prompts:
         return None
     if trainer.parallel_dims.pp_enabled or trainer.parallel_dims.cp_enabled:
-        raise DataError("SAMPLE_PROMPTS needs one model part and whole windows: not with pipeline or context "
-                        "parallelism")
+        raise DataError(
+            "SAMPLE_PROMPTS needs one model part and whole windows: not with pipeline or context parallelism"
+        )
     tokenizer = tokenizer_of(config)
-    prompts = read_prompts(config.samples.prompts, field_of(config), tokenizer,
-                           config.training.seq_len - config.samples.tokens)
+    prompts = read_prompts(
+        config.samples.prompts, field_of(config), tokenizer, config.training.seq_len - config.samples.tokens
+    )
     return Sampler(trainer, prepare, tokenizer, prompts, interval(config))

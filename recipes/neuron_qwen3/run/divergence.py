@@ -41,8 +41,9 @@ class Diverged(SystemExit):
 class LossWatch:
     def __init__(self, policy: str = "stop", window: int = 20, factor: float = 10.0):
         if window < MIN_HISTORY or not factor > 0:
-            raise ValueError(f"--divergence.window={window} must be at least {MIN_HISTORY} and "
-                             f"--divergence.factor={factor} above 0")
+            raise ValueError(
+                f"--divergence.window={window} must be at least {MIN_HISTORY} and --divergence.factor={factor} above 0"
+            )
         self.policy, self.factor = policy, factor
         self.losses = deque(maxlen=window)
 
@@ -57,8 +58,10 @@ class LossWatch:
             spread = max(statistics.median(abs(x - median) for x in history), RELATIVE_FLOOR * abs(median))
             limit = median + self.factor * spread
             if loss > limit:
-                line = (f"step {step}: the loss {loss:.4f} jumped above {limit:.4f} (median {median:.4f} + "
-                        f"{self.factor:g} x spread {spread:.4f} of the last {len(history)} logged losses)")
+                line = (
+                    f"step {step}: the loss {loss:.4f} jumped above {limit:.4f} (median {median:.4f} + "
+                    f"{self.factor:g} x spread {spread:.4f} of the last {len(history)} logged losses)"
+                )
         return line
 
     def judge(self, step: int, loss: float) -> None:
@@ -70,8 +73,10 @@ class LossWatch:
         if finite and self.policy == "warn":
             logger.warning(f"divergence: {line}: going on (NAN_POLICY=warn)")
             return
-        raise Diverged(f"divergence: {line}: stopping before this step is saved (exit {DIVERGED}"
-                       f"{'; NAN_POLICY=warn goes on after a spike' if finite else ''})")
+        raise Diverged(
+            f"divergence: {line}: stopping before this step is saved (exit {DIVERGED}"
+            f"{'; NAN_POLICY=warn goes on after a spike' if finite else ''})"
+        )
 
 
 def attach(trainer) -> LossWatch:

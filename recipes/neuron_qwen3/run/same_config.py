@@ -18,8 +18,13 @@ from datetime import timedelta
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
-NODE_LOCAL = ("dump_folder", "hf_assets_path", "dataloader.source", "checkpoint.initial_load_path",
-              "report.launched_at")
+NODE_LOCAL = (
+    "dump_folder",
+    "hf_assets_path",
+    "dataloader.source",
+    "checkpoint.initial_load_path",
+    "report.launched_at",
+)
 ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # `<function normal_ at 0x7f...>`: differs between processes
 
 
@@ -65,6 +70,8 @@ def check_same_config(config) -> None:
     rank = next(r for r, digest in enumerate(digests) if digest != digests[0])
     (host0, first), (host, other) = everyone[0], everyone[rank]
     name = first_difference(first, other)
-    logger.error(f"config differs between ranks: {name} is {first.get(name, 'unset')} on rank 0 ({host0}) and "
-                 f"{other.get(name, 'unset')} on rank {rank} ({host}): start every node with the same settings")
+    logger.error(
+        f"config differs between ranks: {name} is {first.get(name, 'unset')} on rank 0 ({host0}) and "
+        f"{other.get(name, 'unset')} on rank {rank} ({host}): start every node with the same settings"
+    )
     raise SystemExit(2)

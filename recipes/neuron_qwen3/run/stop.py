@@ -75,9 +75,12 @@ def save_step(checkpointer, step: int) -> bool:
     if step % checkpointer.interval == 0:
         return False
     # the synchronous branch of CheckpointManager._save, which is gated by the interval
-    checkpointer.dcp_save(checkpointer._flattened_model_states_sd(),
-                          checkpoint_id=checkpointer._create_checkpoint_id(step),
-                          async_mode=AsyncMode.DISABLED, enable_garbage_collection=True)
+    checkpointer.dcp_save(
+        checkpointer._flattened_model_states_sd(),
+        checkpoint_id=checkpointer._create_checkpoint_id(step),
+        async_mode=AsyncMode.DISABLED,
+        enable_garbage_collection=True,
+    )
     checkpointer._purge_stale_checkpoints()
     return True
 
@@ -89,5 +92,7 @@ def save_now(watch: StopWatch, signum: int, checkpointer, step: int, first_step:
     saved = step > first_step and save_step(checkpointer, step)
     spent = f"{time.monotonic() - begin:.2f} s" if saved else "nothing to save"
     since = f"; {time.monotonic() - watch.received_at:.2f} s since the signal" if watch.received_at else ""
-    logger.info(f"stop: {name} at step {step}: {'saved step-' + str(step) if saved else 'no new checkpoint'} "
-                f"({spent}{since}); exiting {128 + signum}")
+    logger.info(
+        f"stop: {name} at step {step}: {'saved step-' + str(step) if saved else 'no new checkpoint'} "
+        f"({spent}{since}); exiting {128 + signum}"
+    )

@@ -42,13 +42,16 @@ def apply(config) -> list:
     if warmup is not None:
         total = scheduler.total_steps or config.training.steps
         steps = warmup_steps(warmup, total)
-        replaced += [f"warm-up {steps} of {total} steps in place of {scheduler.warmup_steps}"] if tune.warmup is None \
-            else []
+        replaced += (
+            [f"warm-up {steps} of {total} steps in place of {scheduler.warmup_steps}"] if tune.warmup is None else []
+        )
         scheduler.warmup_steps = steps
     if not replaced:
         return []
-    return [f"fine-tuning defaults (checkpoint.initial_load_path is set): {'; '.join(replaced)} (LR, WARMUP_STEPS "
-            "or --tune.lr, --tune.warmup choose others)"]
+    return [
+        f"fine-tuning defaults (checkpoint.initial_load_path is set): {'; '.join(replaced)} (LR, WARMUP_STEPS "
+        "or --tune.lr, --tune.warmup choose others)"
+    ]
 
 
 def batch(config, ranks: int) -> tuple:
@@ -72,6 +75,8 @@ def batch_problem(config, ranks: int) -> str | None:
     if wanted % per_step == 0:
         return None
     local = config.training.local_batch_size
-    return (f"BATCH_SIZE={wanted} (--training.global_batch_size) is not a multiple of local batch {local} x "
-            f"{per_step // local} data-parallel ranks = {per_step}: use {per_step}, {2 * per_step}, {3 * per_step}, "
-            f"... (gradient accumulation = BATCH_SIZE / {per_step})")
+    return (
+        f"BATCH_SIZE={wanted} (--training.global_batch_size) is not a multiple of local batch {local} x "
+        f"{per_step // local} data-parallel ranks = {per_step}: use {per_step}, {2 * per_step}, {3 * per_step}, "
+        f"... (gradient accumulation = BATCH_SIZE / {per_step})"
+    )
