@@ -14,7 +14,7 @@ import pytest
 from conftest import worker_env
 from neuron_qwen3.prelaunch import preflight
 from neuron_qwen3.run import tuning
-from neuron_qwen3.trainer import Tune
+from neuron_qwen3.settings import Tune
 
 SMOKE = ["--module", "neuron_qwen3", "--config", "native_qwen3_smoke"]
 LOAD = "--checkpoint.initial_load_path=/model"

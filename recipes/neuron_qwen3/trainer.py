@@ -12,10 +12,8 @@ import json
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from dataclasses import dataclass
 
-import tyro
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
@@ -28,153 +26,7 @@ from neuron_qwen3.preference import attach as preference_attach
 from neuron_qwen3.quirks import devices, titan_logs
 from neuron_qwen3.report import data_read, run_report, samples
 from neuron_qwen3.run import divergence, same_config, stop, teardown
-
-
-@dataclass(kw_only=True, slots=True)
-class Export:
-    dir: str = ""
-    """After training (also when the data runs out), a Hugging Face model folder here (config.json, safetensors
-    in the Hub's sharded layout, tokenizer), every rank writing its own part, renamed into place; empty: none."""
-    dtype: Literal["bfloat16", "float32"] = "bfloat16"
-    """dtype of the exported weights"""
-    merged: Annotated[bool, tyro.conf.FlagConversionOff] = False
-    """With LoRA: the merged full model (as without LoRA), the adapter in `<dir>/adapter`; False: the PEFT adapter
-    folder alone. `--export.merged=True` (a value, as the launcher passes every variable)."""
-    max_shard_mb: int = 5000
-    """The largest safetensors file, in MB of 10^6 bytes (the Hub's 5GB); a larger tensor is a file of its own."""
-
-
-@dataclass(kw_only=True, slots=True)
-class Lora:
-    rank: int = 0
-    """Train LoRA adapters of this rank over the initial load's frozen weights (lora/adapters.py); 0: full
-    fine-tuning."""
-    alpha: float = 0.0
-    """The update is scaled by alpha / rank; 0: 2 x rank."""
-    dropout: float = 0.0
-    """Dropout on the adapters' input (not on MoE experts: PEFT has none there)."""
-    targets: str = ""
-    """Comma list of the Hugging Face projections adapted (adapters.TARGETS); empty: the attention and MLP projections
-    on dense models, the attention projections on MoE."""
-
-
-@dataclass(kw_only=True, slots=True)
-class Neuron:
-    logical_nc_config: int = 2
-    """Physical NeuronCores per logical core (NEURON_LOGICAL_NC_CONFIG): the NKI kernels' and the MFU peak's LNC."""
-    moe_kernel: Literal["auto", "nki", "reference"] = "auto"
-    """nki_moe expert kernel: auto is NKI on Neuron and the PyTorch reference elsewhere."""
-
-
-@dataclass(kw_only=True, slots=True)
-class Moe:
-    aux_loss: float | None = None
-    """MOE_AUX_LOSS: the coefficient of Qwen3-MoE's load-balancing loss added to the loss (moe/routing.py); None:
-    INIT_FROM's config.json router_aux_loss_coef, else Qwen3-MoE's 0.001 (finish.py); 0: off."""
-    z_loss: float = 0.0
-    """MOE_Z_LOSS: the coefficient of the router z-loss (ST-MoE)."""
-    router: Literal["train", "freeze"] = "train"
-    """MOE_ROUTER: freeze keeps every router's weights as loaded (INIT_FROM), out of the optimizer."""
-
-
-@dataclass(kw_only=True, slots=True)
-class Preference:
-    method: Literal["sft", "dpo"] = "sft"
-    """METHOD: sft trains on the data's tokens; dpo on preference pairs (chosen and rejected, data/pairs.py) against
-    a reference model (preference/)."""
-    beta: float = 0.1
-    """DPO_BETA: how far the policy may move from the reference (TRL's beta)."""
-    loss: Literal["sigmoid", "ipo"] = "sigmoid"
-    """DPO_LOSS: sigmoid (DPO) or ipo (IPO, each side's log-ratio averaged over its tokens), as TRL computes them."""
-    sft_weight: float = 0.0
-    """DPO_SFT_WEIGHT: the weight of an SFT term beside the DPO loss, the chosen completions' mean token NLL (TRL's
-    "sft" loss type beside "sigmoid": RPO); 0: none."""
-    precompute: Annotated[bool, tyro.conf.FlagConversionOff] = False
-    """DPO_PRECOMPUTE_REF: the reference's log-probabilities of every pair computed in one pass at the first step
-    (every start), then looked up: no reference forward per step, and a frozen reference's weights freed (TRL's
-    precompute_ref_log_probs)."""
-    reference: str = ""
-    """DPO_REFERENCE: a Hugging Face folder of the policy's architecture (TRL's ref_model), frozen and sharded as
-    the policy; empty: with LoRA the base (the adapters off, no second copy), else INIT_FROM's folder (finish.py)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class Report:
-    variant: str = ""
-    """The variant this config trains (v5, native, nki_moe), for summary.json; set by the config function."""
-    scale: str = ""
-    """full, smoke or bench; set by the config function."""
-    config: str = ""
-    """The config function's name; set by the config function."""
-    model: str = ""
-    """The Hugging Face id of the model trained at full scale (MODEL), for summary.json."""
-    launched_at: float = 0.0
-    """When the run was launched (seconds since the epoch), for its launch-to-first-step time; 0: torchrun's start."""
-    progress_every_s: float = 60.0
-    """The progress line (`step k/N`, tokens/s, ETA) at the first logged step, then at most this often."""
-
-
-@dataclass(kw_only=True, slots=True)
-class Samples:
-    prompts: str = ""
-    """SAMPLE_PROMPTS: a local file of conversations (DATASET's formats; `enable_thinking` per record) that the
-    model answers greedily at step 0, every `every` steps and after the last step (report/samples.py); empty:
-    none."""
-    tokens: int = 48
-    """SAMPLE_TOKENS: the most new tokens an answer takes; it stops sooner at the template's end of turn."""
-    every: int = 0
-    """SAMPLE_INTERVAL: steps between samples; 0: the validation interval with validation, else none between
-    step 0 and the last."""
-
-
-@dataclass(kw_only=True, slots=True)
-class Stop:
-    enable: bool = True
-    """On SIGTERM/SIGINT, finish the step, save it on every rank (with --checkpoint.enable) and exit 128 + N."""
-
-
-@dataclass(kw_only=True, slots=True)
-class Tune:
-    lr: float | None = None
-    """Learning rate of every optimizer param group (LR); None: the config's, 2e-5 with checkpoint.initial_load_path
-    (a fine-tune: run/tuning.py)."""
-    warmup: float | None = None
-    """Warm-up (WARMUP_STEPS): whole steps, or a fraction of training.steps below 1; None: lr_scheduler.warmup_steps,
-    8 % of the steps with checkpoint.initial_load_path (a fine-tune: run/tuning.py)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class Divergence:
-    policy: Literal["stop", "warn"] = "stop"
-    """NAN_POLICY. A NaN or infinite loss always stops the run (exit 3) before its step is saved; a loss spike too
-    with stop, while warn logs it and goes on (divergence.py)."""
-    window: int = 20
-    """How many recent logged losses the spike rule compares with."""
-    factor: float = 10.0
-    """A spike: a loss above the window's median + factor x its median absolute deviation (at least 3 % of the
-    median)."""
-
-
-@dataclass(kw_only=True)
-class RunSettings:
-    """The project's sections, shared by the Configs of both trainers (a plain dataclass mixin: two slotted bases
-    cannot share fields)."""
-
-    device: Literal["auto", "neuron", "cuda", "cpu"] = "auto"
-    """Where this worker trains; auto: Neuron if torch_neuronx imports, else CUDA, else CPU."""
-    cpu_float32: bool = True
-    """On CPU, a full-scale config (report.scale full) computes in float32, its nki_moe experts too: bf16 matmuls
-    are emulated on CPU (a first Qwen3-0.6B step did not finish in 6 minutes)."""
-    export: Export = field(default_factory=Export)
-    lora: Lora = field(default_factory=Lora)
-    moe: Moe = field(default_factory=Moe)
-    neuron: Neuron = field(default_factory=Neuron)
-    preference: Preference = field(default_factory=Preference)
-    report: Report = field(default_factory=Report)
-    samples: Samples = field(default_factory=Samples)
-    stop: Stop = field(default_factory=Stop)
-    tune: Tune = field(default_factory=Tune)
-    divergence: Divergence = field(default_factory=Divergence)
+from neuron_qwen3.settings import RunSettings
 
 
 def fail_on_data(error: data.DataError):

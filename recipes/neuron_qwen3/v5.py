@@ -11,7 +11,8 @@ from torchtitan.experiments.transformers_modeling_backend.configs import Transfo
 from torchtitan.experiments.transformers_modeling_backend.trainer import HFTransformerTrainer
 
 from neuron_qwen3.quirks import hf_rope_fix
-from neuron_qwen3.trainer import RunHooks, RunSettings
+from neuron_qwen3.settings import RunSettings
+from neuron_qwen3.trainer import RunHooks
 
 
 class Qwen3TransformersTrainer(RunHooks, HFTransformerTrainer):

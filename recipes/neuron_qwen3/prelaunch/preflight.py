@@ -314,7 +314,7 @@ def run(request: dict) -> dict:
     if problem:
         answer["problems"].append(problem)
         return answer
-    from neuron_qwen3 import data, trainer
+    from neuron_qwen3 import data, settings
     from neuron_qwen3.finish import finish
     from neuron_qwen3.report import samples
     from neuron_qwen3.lora import adapters, folders, footprint
@@ -349,7 +349,7 @@ def run(request: dict) -> dict:
         answer["config"] = config.to_dict()
     shape = trained_shape(config)
     if shape is not None:
-        neuron = getattr(config, "neuron", None) or trainer.Neuron()  # a user's MODULE may lack the section
+        neuron = getattr(config, "neuron", None) or settings.Neuron()  # a user's MODULE may lack the section
         memory = shapes.NEURON_GIB_PER_CORE[neuron.logical_nc_config] if config.device == "neuron" else None
         fits, why = shapes.fit(shape.parameters(), request["ranks"], memory)
         answer["model"] = {"parameters": shape.parameters(), "fits": fits, "why": why}
