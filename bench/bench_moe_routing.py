@@ -31,7 +31,7 @@ load and router entropy; the NKI experts' block padding; the aux and z losses). 
    gives steps of about a second: the smoke model at SEQ_LEN=2048 (2 x 2048 tokens a step), OMP_NUM_THREADS=1 per
    rank (--cost-scale bench --cost-seq-len 0 for the bench_cpu config itself). An unskewed random base as
    INIT_FROM; 1 and 2 ranks (--cost-nproc). Two ways:
-   A. whole runs of --cost-steps (12) steps, watch on, and off with `neuron_qwen3.moe.routing.attach` replaced by
+   A. whole runs of --cost-steps (12) steps, watch on, and off with `neuron_qwen3.moe.routing.RouterWatch` replaced by
       one returning None in the worker (no hooks, no loss, no metrics); on/off then off/on per repeat (--repeats
       3); each run's time the median of its steps after the first --warmup (2); printed: the median of the
       per-repeat on/off ratios and their range. Also, inside the on runs, the share of each step spent in the
@@ -131,8 +131,8 @@ ALTERNATE = ("on", "off", "off", "on")  # watch=alternate: the watch of step k, 
 
 def worker(record: str, watch: str, titan_args: list) -> None:
     """torchtitan.train's main, each step's time and logged figures kept. watch: on (as the trainer builds it),
-    off (routing.attach patched to None) or alternate (attached; every step of ALTERNATE's `off` runs without it:
-    nothing recorded, so its hooks return at once, loss() gives 0 and interval() None)."""
+    off (routing.RouterWatch patched to give None) or alternate (attached; every step of ALTERNATE's `off` runs
+    without it: nothing recorded, so its hooks return at once, loss() gives 0 and interval() None)."""
     import torch
     from torchtitan.config import ConfigManager
     from torchtitan.tools.logging import init_logger
@@ -141,7 +141,7 @@ def worker(record: str, watch: str, titan_args: list) -> None:
 
     init_logger()
     if watch == "off":
-        routing.attach = lambda trainer: None  # trainer.py looks it up on the module when it builds the trainer
+        routing.RouterWatch = lambda *args, **kwargs: None  # trainer.py looks it up on the module when it builds
     config = ConfigManager().parse_args(titan_args)
     trainer = config.build()
     assert (trainer.router_watch is None) == (watch == "off"), "the watch is not as asked"
@@ -471,7 +471,8 @@ def cost(args, root: str) -> dict:
     print(
         f"\nthe router watch's cost, {config_name} ({tokens}, OMP_NUM_THREADS={args.threads or 'the launcher'}); "
         f"on: the watch with MOE_AUX_LOSS=0. A: {args.repeats} pairs of runs of {args.cost_steps} steps (the first "
-        f"{args.warmup} left out), on/off and off/on by turns, off = routing.attach patched to None. B: one run of "
+        f"{args.warmup} left out), on/off and off/on by turns, off = routing.RouterWatch patched to give None. "
+        "B: one run of "
         f"{args.alternate_steps} steps, the watch on and off by turns (on off off on), off = nothing recorded"
     )
     print(

@@ -123,7 +123,7 @@ def test_the_replayed_lines_are_torchtitans():
 
 def test_cpu_run_claims_an_a100_peak_unless_installed_by_the_project_trainer(monkeypatch, caplog):
     caplog.set_level(logging.INFO)
-    assert flops.peak("cpu", "cpu").flops is None  # the run report: no MFU on CPU (run_report.RunReport.attach)
+    assert flops.peak("cpu", "cpu").flops is None  # the run report: no MFU on CPU (run_report.RunReport)
     lines = peak_lines_on(monkeypatch, "cpu", "cpu", caplog)  # stock
     assert lines.count(A100_LINE) == 2 and lines.count(A100_USED) == 1
 

@@ -1,11 +1,11 @@
-"""The project's trainers: torchtitan's Trainer with the run hooks and the project's Config sections.
+"""The project's trainers: torchtitan's Trainer with the run hooks and the project's Config sections (settings.py).
 
 Config functions (config_registry.py) return `Qwen3Trainer.Config` (or v5.py's `Qwen3TransformersTrainer.Config`),
 so `config.build()` builds the hooked trainer, and stock `python -m torchtitan.train --module neuron_qwen3 --config
 <any>` (the article's command, which the launcher runs) gets every hook: the device set-up, stop with a save on
 SIGTERM, the fine-tuning knobs and defaults (tuning.py), the stop on a diverging loss (divergence.py), the run
-report and the Hugging Face export. The sections below are the project's flags, as torchtitan's
-fault-tolerance trainer adds `--fault_tolerance.*`: `--export.dir`, `--neuron.logical_nc_config`, ...
+report and the Hugging Face export. `RunHooks` lists what a step does beyond torchtitan's, in the order it
+happens.
 """
 
 import json
@@ -22,7 +22,7 @@ from neuron_qwen3.finish import finish
 from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import folders, footprint
 from neuron_qwen3.moe import routing
-from neuron_qwen3.preference import attach as preference_attach
+from neuron_qwen3.preference import method as preference
 from neuron_qwen3.quirks import devices, titan_logs
 from neuron_qwen3.report import data_read, run_report, samples
 from neuron_qwen3.run import divergence, same_config, stop, teardown
@@ -46,32 +46,145 @@ def fail_on_data(error: data.DataError):
 
 
 class RunHooks(Trainer):
-    """The project's overrides of torchtitan's Trainer, in front of it in both trainers' method order."""
+    """The project's overrides of torchtitan's Trainer, in front of it in both trainers' method order.
+
+    torchtitan's loop reaches the project at these seams, each a method below: `post_dataloading_process` (a
+    micro-step's data), `training_loss` (its `loss_fn`), `should_log_step` and `log_step` (its metrics processor's
+    `should_log` and `log`), `validation_prepare`, `validation_loss` and `log_validation` (the validator's data step
+    and loss, and the processor's `log_validation`), `should_continue_training` (each step boundary) and `train`.
+    The run's extras are plain objects those methods call by name, in the order they are written."""
 
     def __init__(self, config):
         self.device_kind = devices.set_up(config.device)  # before the trainer touches a device (devices.py)
-        titan_logs.install(project_mfu=True)  # torchtitan's A100 peak lines: RunReport.attach turns its MFU off
+        titan_logs.install(project_mfu=True)  # torchtitan's A100 peak lines: the run report turns its MFU off
         self.stop_watch = stop.StopWatch(config.stop.enable)  # a signal during set-up ends the run at step 1
         try:
             super().__init__(config)  # init_distributed finishes the config; then the dataloader resolves the source
         except data.DataError as error:
             raise fail_on_data(error) from None
         footprint.log_state_bytes(self.optimizers, self.model_parts)  # gradients and optimizer bytes, LoRA or not
-        self.loss_watch = divergence.attach(self)
+        d = config.divergence
+        self.loss_watch = divergence.LossWatch(d.policy, d.window, d.factor)  # a NaN or a spike stops the run
         self.stop_watch.join(config.comm)
         self.first_step = None
+        prepare = super().post_dataloading_process  # torchtitan's data step, for the extras' own forward passes
         try:
-            # METHOD=dpo: the loss (before the router's joins it), the reference
-            self.preference = preference_attach.attach(self, super().post_dataloading_process)
+            self.dpo, self.held_out_dpo = preference.dpo_losses(self, prepare)  # METHOD=dpo; (None, None) under SFT
+            self.sampler = samples.Sampler(self, prepare) if config.samples.prompts else None  # SAMPLE_PROMPTS
         except data.DataError as error:
             raise fail_on_data(error) from None
-        self.router_watch = routing.attach(self)  # MoE: the router losses and the experts' load (moe/routing.py)
-        self.data_read = data_read.attach(self)  # what the data gave, over the ranks (report/data_read.py)
-        try:
-            self.sampler = samples.attach(self, super().post_dataloading_process)  # SAMPLE_PROMPTS' answers
-        except data.DataError as error:
-            raise fail_on_data(error) from None
-        self.report = run_report.RunReport.attach(self)  # $OUTPUT_DIR/report/, through the metrics processor
+        dims, model = self.parallel_dims, self.model_parts[0]
+        loss_group = dims.get_optional_mesh("loss").get_group() if dims.dp_cp_enabled else None
+        self.router_watch = None  # MoE: the router losses and the experts' load (moe/routing.py)
+        if routing.moe_layers(model):
+            moe = config.moe
+            self.router_watch = routing.RouterWatch(
+                model, moe.aux_loss, moe.z_loss, self.gradient_accumulation_steps, loss_group
+            )
+        self.data_read = None  # what the data gave, over the ranks (report/data_read.py): the project's loader only
+        if hasattr(self.dataloader, "stats"):
+            self.data_read = data_read.DataRead(self.dataloader, loss_group, dims.cp, self.device)
+        self.report = run_report.RunReport(self)  # $OUTPUT_DIR/report/
+        self.connect_seams()
+
+    def connect_seams(self) -> None:
+        """torchtitan's loop calls its loss, its metrics processor and its validator through these attributes:
+        each now reaches this trainer's method. The only place the project rebinds an attribute of torchtitan's."""
+        processor = self.metrics_processor
+        processor.num_flops_per_token = self.report.flops_per_token  # one formula for all three variants (flops.py)
+        if self.report.peak.flops is None:
+            processor.has_quantization = True  # upstream's one switch for "no MFU" (MetricsProcessor.log)
+        else:
+            processor.gpu_peak_flops = self.report.peak.flops
+        if self.report.backend is not None:
+            processor.logger.add_logger(self.report.backend)  # torchtitan's LoggerContainer: metrics.jsonl
+        self.cross_entropy = self.loss_fn  # torchtitan's, which its validator holds too
+        self.titan_should_log, self.titan_log, self.titan_log_validation = (
+            processor.should_log,
+            processor.log,
+            processor.log_validation,
+        )
+        self.loss_fn = self.training_loss
+        processor.should_log, processor.log, processor.log_validation = (
+            self.should_log_step,
+            self.log_step,
+            self.log_validation,
+        )
+        if self.config.validator.enable:
+            self.titan_validation_prepare = self.validator.post_dataloading_process
+            self.validator.post_dataloading_process, self.validator.loss_fn = (
+                self.validation_prepare,
+                self.validation_loss,
+            )
+
+    # ---- a training micro-step ----------------------------------------------------------------------------
+
+    def post_dataloading_process(self, input_dict, labels):
+        """torchtitan's, less the window's `real` marks, which tell the MoE router watch the tokens that count, and
+        a pairs window's `record`s; with DPO, the reference's pass on the micro-step (before the router watch
+        records the policy's)."""
+        real, records = input_dict.pop("real", None), input_dict.pop("record", None)
+        inputs, labels, extra = super().post_dataloading_process(input_dict, labels)
+        if self.dpo is not None:
+            self.dpo.reference_pass(inputs, labels, extra, records)
+        if self.router_watch is not None:
+            self.router_watch.start(real)
+        return inputs, labels, extra
+
+    def training_loss(self, pred, labels, global_valid_tokens, **kwargs):
+        """What a micro-step trains on: the data's cross-entropy, or the DPO loss under METHOD=dpo; then, on a MoE
+        model, the router losses (load balancing, z) added."""
+        objective = self.dpo if self.dpo is not None else self.cross_entropy
+        loss, *rest = objective(pred, labels, global_valid_tokens, **kwargs)
+        if self.router_watch is not None:
+            loss = loss + self.router_watch.loss().to(loss.device, loss.dtype)
+        return loss, *rest
+
+    # ---- a logged step ------------------------------------------------------------------------------------
+
+    def should_log_step(self, step: int) -> bool:
+        """torchtitan's log frequency, and every step its checkpointer saves: a saved step has been judged."""
+        return self.titan_should_log(step) or divergence.saved(self.config.checkpoint, self.config.training.steps, step)
+
+    def log_step(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+        """A logged step: each watcher's interval over the ranks (collectives: every rank, in this order), its
+        metrics beside torchtitan's, torchtitan's log and loggers (the run report's among them), then the loss
+        judged (a spike or a NaN stops the run before this step is saved)."""
+        extra = dict(extra_metrics or {})
+        if self.data_read is not None:
+            self.data_read.gather()  # summary.json's `data`
+        if self.router_watch is not None:
+            load = self.router_watch.interval()
+            extra.update(routing.metrics(load) if load else {})
+        if self.dpo is not None:
+            extra.update(self.dpo.interval() or {})
+        self.titan_log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
+        self.loss_watch.judge(step, global_avg_loss)
+
+    # ---- validation ---------------------------------------------------------------------------------------
+
+    def validation_prepare(self, input_dict, labels, model_parts):
+        """The validator's data step (torchtitan's), with DPO's reference pass on the held-out pairs after it."""
+        records = input_dict.pop("record", None)
+        inputs, labels, extra = self.titan_validation_prepare(input_dict, labels, model_parts)
+        if self.held_out_dpo is not None:
+            self.held_out_dpo.reference_pass(inputs, labels, extra, records)
+        return inputs, labels, extra
+
+    def validation_loss(self, pred, labels, *args, **kwargs):
+        """The validation's loss: the cross-entropy, or the held-out pairs' DPO loss (no router losses)."""
+        objective = self.held_out_dpo if self.held_out_dpo is not None else self.cross_entropy
+        return objective(pred, labels, *args, **kwargs)
+
+    def log_validation(self, loss, step, extra_metrics=None):
+        """torchtitan's validation log; with DPO its loss is the pairs' mean DPO loss, their rewards beside it."""
+        extra = dict(extra_metrics or {})
+        if self.held_out_dpo is not None:
+            loss, found = preference.validation_metrics(self.held_out_dpo)  # every rank: a collective
+            extra.update(found)
+        self.titan_log_validation(loss, step, extra_metrics=extra)
+
+    # ---- the run ------------------------------------------------------------------------------------------
 
     def train(self):
         with self.report.watch():  # summary.json says whether the run finished, stopped or failed
@@ -114,18 +227,6 @@ class RunHooks(Trainer):
             and not self.validator.should_validate(step)
         ):
             self.validator.validate(self.model_parts, step)
-
-    def post_dataloading_process(self, input_dict, labels):
-        """torchtitan's, less the window's `real` marks, which tell the MoE router watch the tokens that count, and
-        a pairs window's `record`s; with DPO, the reference's pass on the micro-step (before the router watch
-        records the policy's)."""
-        real, records = input_dict.pop("real", None), input_dict.pop("record", None)
-        inputs, labels, extra = super().post_dataloading_process(input_dict, labels)
-        if self.preference is not None:
-            self.preference.reference_pass(inputs, labels, extra, records)
-        if self.router_watch is not None:
-            self.router_watch.start(real)
-        return inputs, labels, extra
 
     def batch_generator(self, data_iterable):
         """torchtitan's, with a bad record met while training as its one line and exit 2."""

@@ -39,6 +39,7 @@ class RouterWatch:
         self.capturing, self.real, self.logits, self.picks = False, None, {}, {}
         self.sums = None  # on the device, over the interval: counts [L*E], entropy [L], rows, aux, z, kernel rows [2]
         self.steps = 0
+        self.last = None  # the last logged interval's load (`interval`), which the run report reads
         for i, layer in enumerate(self.layers):
             layer.router.gate.register_forward_hook(self._record(self.logits, i, lambda out: out))
             layer.router.register_forward_hook(self._record(self.picks, i, lambda out: out[1]))  # topk ids
@@ -102,8 +103,10 @@ class RouterWatch:
     def interval(self) -> dict | None:
         """The experts' load since the last call, over every rank: per layer the tokens per expert, max/mean and
         the mean router entropy (nats); the aux and z losses (means over the micro-steps); the share of the NKI
-        experts' block rows that are padding (None without them). Collective; None when nothing was routed."""
+        experts' block rows that are padding (None without them). Collective; None when nothing was routed. Kept
+        as `last`, for the run report."""
         if not self.steps:
+            self.last = None
             return None
         sums = self.sums.clone()
         if self.group is not None:  # aux and z: each rank's share of the global value; the kernel rows: its own
@@ -124,12 +127,13 @@ class RouterWatch:
             for row, h in zip(counts, entropy.tolist())
         ]
         self.sums, steps, self.steps = None, self.steps, 0
-        return {
+        self.last = {
             "layers": layers,
             "aux": aux / steps,
             "z": z / steps,
             "padding": 1 - routed / computed if computed else None,
         }
+        return self.last
 
 
 def metrics(load: dict) -> dict:
@@ -140,32 +144,6 @@ def metrics(load: dict) -> dict:
     for i, layer in enumerate(load["layers"]):
         found[f"moe/layer{i}/max_mean"], found[f"moe/layer{i}/entropy"] = layer["max_mean"], layer["entropy"]
     return found
-
-
-def attach(trainer) -> RouterWatch | None:
-    """The watch on a built trainer's MoE model (None: a dense one): the router losses join the training loss
-    (torchtitan's loss_fn, after the validator took its own), and every logging step gets the experts' load
-    (`watch.last`, and its scalars among torchtitan's metrics)."""
-    model = trainer.model_parts[0]
-    if not moe_layers(model):
-        return None
-    dims, moe = trainer.parallel_dims, trainer.config.moe
-    group = trainer.parallel_dims.get_optional_mesh("loss").get_group() if dims.dp_cp_enabled else None
-    watch = RouterWatch(model, moe.aux_loss, moe.z_loss, trainer.gradient_accumulation_steps, group)
-    watch.last = None
-    loss_fn, log = trainer.loss_fn, trainer.metrics_processor.log
-
-    def loss_with_router(*args, **kwargs):
-        loss, *rest = loss_fn(*args, **kwargs)
-        return loss + watch.loss().to(loss.device, loss.dtype), *rest
-
-    def log_with_load(step, *args, extra_metrics=None, **kwargs):
-        watch.last = watch.interval()  # every rank: a collective
-        extra = {**(extra_metrics or {}), **(metrics(watch.last) if watch.last else {})}
-        return log(step, *args, extra_metrics=extra, **kwargs)
-
-    trainer.loss_fn, trainer.metrics_processor.log = loss_with_router, log_with_load
-    return watch
 
 
 def freeze(model) -> None:

@@ -36,7 +36,7 @@ class TitanLogs(logging.Filter):
 
     def __init__(self):
         super().__init__()
-        self.project_mfu = False  # the project's run report decides MFU (RunReport.attach follows)
+        self.project_mfu = False  # the project's run report decides MFU (the trainer's RunReport follows)
         self.fallback: str | None = None  # the device get_peak_flops last gave the A100 figure for
         self.corrected = collections.Counter()
 

@@ -5,7 +5,7 @@ in whichever run or pre-launch pass built it).
 
 Every rank reads its own share, so the sums are collectives on torchtitan's loss group (data and context
 parallel; context-parallel ranks read the same windows, so their sums are divided by that degree). They run
-where every rank runs them: inside the metrics processor's `log`, as the MoE router watch's do.
+where every rank runs them: in the trainer's logged step (trainer.py), as the MoE router watch's do.
 """
 
 import torch
@@ -20,7 +20,7 @@ class DataRead:
         self.last = None
 
     def gather(self) -> dict:
-        """This interval's totals over the ranks (every rank: collectives)."""
+        """This interval's totals over the ranks (every rank: collectives), kept as `last` for summary.json."""
         stats = self.loader.stats()
         sources = stats.get("sources") or {}
         cache = stats.get("cache")
@@ -47,22 +47,5 @@ class DataRead:
                 "built_s": most[3] / 1000 if most[3] >= 0 else None,
                 "folder": cache["folder"],
             }
+        self.last = found
         return found
-
-
-def attach(trainer) -> DataRead | None:
-    """The totals of a trainer whose dataloader is the recipes' (neuron_qwen3.data.DataLoader); None: another."""
-    loader = trainer.dataloader
-    if not hasattr(loader, "stats"):
-        return None
-    dims = trainer.parallel_dims
-    group = dims.get_optional_mesh("loss").get_group() if dims.dp_cp_enabled else None
-    read = DataRead(loader, group, dims.cp, trainer.device)  # the process group's backend's device
-    log = trainer.metrics_processor.log
-
-    def log_with_data(step, *args, **kwargs):
-        read.last = read.gather()
-        return log(step, *args, **kwargs)
-
-    trainer.metrics_processor.log = log_with_data
-    return read

@@ -15,7 +15,7 @@ tokens trained, masked and padding, a mix's records and tokens by source, and th
 
 Written by the metrics rank (rank 0 without pipeline parallelism) through torchtitan's own metrics machinery:
 `ReportLogger` is one more logger backend in the MetricsProcessor's LoggerContainer, next to TensorBoard, so
-each record holds exactly what torchtitan logged at that step. `attach` also replaces torchtitan's per-model
+each record holds exactly what torchtitan logged at that step. The report also replaces torchtitan's per-model
 FLOPs count with flops.py's (one formula for all three variants) and its peak with an honest one; on a device
 without a known peak, MFU is left out the way upstream leaves it out for quantized runs.
 
@@ -34,7 +34,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from torchtitan.components.metrics import BaseLogger, LoggerContainer, _get_metrics_rank
+from torchtitan.components.metrics import BaseLogger, _get_metrics_rank
 from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
 
@@ -200,45 +200,34 @@ class ReportLogger(BaseLogger):
 
 
 class RunReport:
-    """The report of one trainer's run; `attach` builds it, `watch` ends it."""
+    """The report of one trainer's run, built once the trainer is; `watch` ends it. `flops_per_token` and `peak`
+    are what torchtitan's MFU should use (the trainer hands them to its metrics processor); `backend`, on the
+    metrics rank, is the logger backend that writes metrics.jsonl."""
 
-    def __init__(self, trainer, backend: ReportLogger | None, peak: flops.Peak, shape: shapes.Shape):
-        self.trainer, self.backend, self.peak, self.shape = trainer, backend, peak, shape
-        self.folder = Path(trainer.config.dump_folder) / FOLDER
-        self.launched = trainer.config.report.launched_at or launch_time()
-
-    @classmethod
-    def attach(cls, trainer) -> "RunReport":
-        config, metrics = trainer.config, trainer.metrics_processor
-        shape = shapes.of_model_config(trainer.model_config)
-        metrics.num_flops_per_token = flops.per_token(shape, config.training.seq_len)
-        peak = flops.peak(utils.device_type, metrics.device_memory_monitor.device_name, config.neuron.logical_nc_config)
-        if peak.flops is None:
-            metrics.has_quantization = True  # upstream's one switch for "no MFU" (MetricsProcessor.log)
-        else:
-            metrics.gpu_peak_flops = peak.flops
+    def __init__(self, trainer):
+        config = trainer.config
+        self.trainer = trainer
+        self.folder = Path(config.dump_folder) / FOLDER
+        self.launched = config.report.launched_at or launch_time()
+        self.shape = shapes.of_model_config(trainer.model_config)
+        self.flops_per_token = flops.per_token(self.shape, config.training.seq_len)
+        device_name = trainer.metrics_processor.device_memory_monitor.device_name
+        self.peak = flops.peak(utils.device_type, device_name, config.neuron.logical_nc_config)
         rank = _get_metrics_rank(
             parallel_dims=trainer.parallel_dims, pp_schedule=config.parallelism.pipeline_parallel_schedule
         )
+        self.backend = None
         if _rank() == rank:
-            backend = ReportLogger(
-                Path(config.dump_folder) / FOLDER,
+            self.backend = ReportLogger(
+                self.folder,
                 trainer.parallel_dims.world_size,
                 config.metrics.log_freq,
                 config.training.steps,
                 config.report.progress_every_s,
                 router=trainer.router_watch,
             )
-            if not isinstance(metrics.logger, LoggerContainer):
-                container = LoggerContainer()
-                container.add_logger(metrics.logger)
-                metrics.logger = container
-            metrics.logger.add_logger(backend)
             # the config as finish.py finished it: what `--dry-run` printed before launch
-            (backend.path.parent / "config.json").write_text(json.dumps(trainer.finished_config, indent=2) + "\n")
-        else:
-            backend = None
-        return cls(trainer, backend, peak, shape)
+            (self.folder / "config.json").write_text(json.dumps(trainer.finished_config, indent=2) + "\n")
 
     @contextlib.contextmanager
     def watch(self):

@@ -38,9 +38,19 @@ class Prompt:
     ids: list
 
 
+CONVERSATION_FIELDS = ("messages", "conversations")  # OpenAI's and ShareGPT's, as DATASET_FIELD names them
+
+
 def field_of(config) -> str:
-    """The field that holds a prompt's conversation: DATASET_FIELD when it names one, else `messages`."""
+    """The field a prompt's conversation is looked for in first: DATASET_FIELD when it names one, else `messages`."""
     return config.dataloader.field if config.dataloader.field != "text" else "messages"
+
+
+def prompt_field(record: dict, preferred: str) -> str:
+    """The field that holds this prompt record's conversation, whichever accepted form the file is in: `preferred`
+    (DATASET_FIELD's) when the record has it, else OpenAI's `messages` or ShareGPT's `conversations`; a `prompt`
+    record needs none. A prompts file need not be in the training data's form."""
+    return next((name for name in (preferred, *CONVERSATION_FIELDS) if name in record), preferred)
 
 
 def tokenizer_of(config):
@@ -66,7 +76,7 @@ def read_prompts(path: str, field: str, tokenizer, room: int) -> list[Prompt]:
     for i in range(len(table)):
         record = table.record(i)
         try:
-            messages, tools = conversations.conversation(record, field, answered=False)
+            messages, tools = conversations.conversation(record, prompt_field(record, field), answered=False)
             while messages and messages[-1]["role"] == "assistant":
                 messages = messages[:-1]
             if not messages or messages[-1]["role"] == "system":
@@ -153,23 +163,26 @@ def generate(
 
 
 class Sampler:
-    """SAMPLE_PROMPTS answered by a trainer's model; `attach` builds it, `sample(step)` runs on every rank."""
+    """SAMPLE_PROMPTS answered by a trainer's model; `sample(step)` runs on every rank. `prepare`: torchtitan's
+    post_dataloading_process (the attention masks from the positions), without the run hooks'."""
 
-    def __init__(self, trainer, prepare, tokenizer, prompts: list[Prompt], every: int):
-        self.trainer, self.prepare, self.tokenizer, self.prompts, self.every = (
-            trainer,
-            prepare,
-            tokenizer,
-            prompts,
-            every,
-        )
+    def __init__(self, trainer, prepare):
         config = trainer.config
+        if trainer.parallel_dims.pp_enabled or trainer.parallel_dims.cp_enabled:
+            raise DataError(
+                "SAMPLE_PROMPTS needs one model part and whole windows: not with pipeline or context parallelism"
+            )
+        self.trainer, self.prepare, self.tokenizer = trainer, prepare, tokenizer_of(config)
+        self.prompts = read_prompts(
+            config.samples.prompts, field_of(config), self.tokenizer, config.training.seq_len - config.samples.tokens
+        )
+        self.every = interval(config)
         self.rows, self.seq_len, self.new_tokens = (
             config.training.local_batch_size,
             config.training.seq_len,
             config.samples.tokens,
         )
-        self.stops = stop_ids(tokenizer)
+        self.stops = stop_ids(self.tokenizer)
         self.writer = dist.get_rank() == 0 if dist.is_initialized() else True
         self.folder = Path(config.dump_folder) / FOLDER
         self.shapes, self.forwards, self.seconds, self.last = set(), 0, 0.0, None
@@ -318,20 +331,3 @@ def before_launch(config) -> list:
         f"samples: {len(found)} prompts answered (up to {settings.tokens} tokens) at step 0{every} and after "
         f"the last step, in windows of {config.training.local_batch_size} x {config.training.seq_len}"
     ]
-
-
-def attach(trainer, prepare) -> Sampler | None:
-    """The sampler of a trainer whose config names SAMPLE_PROMPTS; None: no samples. `prepare`: torchtitan's
-    post_dataloading_process (the attention masks from the positions), without the router watch's hook."""
-    config = trainer.config
-    if not config.samples.prompts:
-        return None
-    if trainer.parallel_dims.pp_enabled or trainer.parallel_dims.cp_enabled:
-        raise DataError(
-            "SAMPLE_PROMPTS needs one model part and whole windows: not with pipeline or context parallelism"
-        )
-    tokenizer = tokenizer_of(config)
-    prompts = read_prompts(
-        config.samples.prompts, field_of(config), tokenizer, config.training.seq_len - config.samples.tokens
-    )
-    return Sampler(trainer, prepare, tokenizer, prompts, interval(config))

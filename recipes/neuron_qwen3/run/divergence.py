@@ -79,23 +79,9 @@ class LossWatch:
         )
 
 
-def attach(trainer) -> LossWatch:
-    """Judge every logged loss of `trainer`, and log (so judge) every step its checkpointer saves."""
-    settings = trainer.config.divergence
-    watch = LossWatch(settings.policy, settings.window, settings.factor)
-    processor, checkpoint, steps = trainer.metrics_processor, trainer.config.checkpoint, trainer.config.training.steps
-    log, should_log = processor.log, processor.should_log
-
-    def judged_log(step, global_avg_loss, *args, **kwargs):
-        log(step, global_avg_loss, *args, **kwargs)  # recorded first: the report shows the step that stopped it
-        watch.judge(step, global_avg_loss)
-
-    def saved_or_logged(step):
-        saved = checkpoint.enable and not checkpoint.load_only and (step % checkpoint.interval == 0 or step == steps)
-        return should_log(step) or saved
-
-    processor.log, processor.should_log = judged_log, saved_or_logged
-    return watch
+def saved(checkpoint, steps: int, step: int) -> bool:
+    """Whether torchtitan's checkpointer saves `step`: such a step is logged, so judged, before it is saved."""
+    return checkpoint.enable and not checkpoint.load_only and (step % checkpoint.interval == 0 or step == steps)
 
 
 def not_finite(watch: LossWatch, error: RuntimeError) -> None:
