@@ -115,6 +115,35 @@ def test_a_bad_prompt_is_one_line_with_its_line(tmp_path, row, says):
     assert str(error.value).startswith(f"{path}:2: ") and says in str(error.value) and "\n" not in str(error.value)
 
 
+def sharegpt(row: dict) -> dict:
+    """`row` in ShareGPT's form (`conversations` of from/value turns)."""
+    roles = {"system": "system", "user": "human", "assistant": "gpt"}
+    turns = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
+    found = {"conversations": [{"from": roles[m["role"]], "value": m["content"]} for m in turns]}
+    return found | ({"enable_thinking": row["enable_thinking"]} if "enable_thinking" in row else {})
+
+
+@pytest.mark.parametrize("field", ["messages", "conversations"])
+def test_a_prompts_file_is_read_in_its_own_form_whatever_the_data_field(tmp_path, field):
+    from neuron_qwen3.report import samples
+
+    openai = samples.read_prompts(write(tmp_path / "openai.jsonl", PROMPTS), field, titan_tokenizer(), room=200)
+    share = samples.read_prompts(
+        write(tmp_path / "sharegpt.jsonl", [sharegpt(row) for row in PROMPTS]), field, titan_tokenizer(), room=200
+    )
+    assert [p.ids for p in share] == [p.ids for p in openai]
+    assert [p.ids for p in openai] == [transformers_ids(smoke_tokenizer(), row) for row in PROMPTS]
+
+
+def test_sharegpt_training_data_beside_the_bundled_prompts_passes_the_pre_launch_pass(tmp_path):
+    from conftest import recipes_pass
+
+    chat = write(tmp_path / "chat.jsonl", [sharegpt(PROMPTS[1])] * 4)
+    answer = recipes_pass(tmp_path, DATASET=chat, DATASET_FIELD="conversations")
+    assert answer["problems"] == [], answer["problems"]
+    assert any(line.startswith("samples: 3 prompts answered") for line in answer["lines"]), answer["lines"]
+
+
 def test_greedy_windows_are_transformers_generate():
     """A random transformers Qwen3 as the model, attending within each packed document as the trainer's models do:
     prompts of different lengths packed into windows of two rows (five prompts: two windows), one stopping early
@@ -312,3 +341,12 @@ def test_a_bad_prompt_file_stops_the_launch_in_one_line(tmp_path):
     assert result.returncode == 2 and "torch.distributed.run" not in result.stdout
     lines = [line for line in result.stderr.splitlines() if "SAMPLE_PROMPTS" in line]
     assert lines == [f"entrypoint: SAMPLE_PROMPTS: {bad}:2: no user or tool turn to answer"], result.stderr[-2000:]
+
+
+@pytest.mark.training
+def test_sharegpt_data_trains_at_smoke_scale_with_the_bundled_prompts(tmp_path):
+    chat = write(tmp_path / "chat.jsonl", [sharegpt(PROMPTS[1])] * 16)
+    result, out = launch(tmp_path, "sharegpt", VARIANT="native", DATASET=chat, DATASET_FIELD="conversations", STEPS="2")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + rank_logs(out)
+    rows = [json.loads(line) for line in (out / "report" / "samples.jsonl").read_text().splitlines()]
+    assert {row["step"] for row in rows} == {0, 2} and all(row["tokens"] for row in rows)
