@@ -104,18 +104,15 @@ def metrics(report):
 
 
 def by_hand(folder, chat):
-    """The held-out records' mean loss under transformers: the model of `folder`, the tokenizer the run trained
-    with (the bundled smoke tokenizer, as transformers loads it), the mask of transformers' own
-    `return_assistant_tokens_mask` (the generation-tagged twin of the template), summed over every trained token
-    and divided by their number. (The export's own folder loads as Qwen2Tokenizer, whose built-in pre-tokenizer
-    splits digits where the smoke tokenizer.json does not: at smoke scale only, not this test's subject.)"""
+    """The held-out records' mean loss under transformers: the model and tokenizer of `folder` (the export, with
+    the tokenizer the run trained with), the mask of transformers' own `return_assistant_tokens_mask` (the
+    generation-tagged twin of the template), summed over every trained token and divided by their number."""
     import transformers
 
-    from neuron_qwen3.config_registry import SMOKE_TOKENIZER
     from neuron_qwen3.data import records
 
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(SMOKE_TOKENIZER)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     rows = [json.loads(line) for line in Path(chat).read_text().splitlines()]
     _, held = records.held_out(len(rows), float(SHARE), SEED)
     assert len(held) == 5

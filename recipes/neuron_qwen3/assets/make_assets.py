@@ -97,6 +97,18 @@ CHAT_TEMPLATE = """\
     {%- endif %}
 {%- endif %}
 """
+# tokenizer_config.json. The class makes transformers tokenize with tokenizer.json as it is, as the project does
+# (torchtitan's HuggingFaceTokenizer): without one, a folder whose config.json says qwen3 (an export) gets
+# Qwen2Tokenizer, which replaces the pre-tokenizer with Qwen's (digits one by one). PreTrainedTokenizerFast is the
+# name transformers 4 and 5 both know. The pad token is Qwen3's, as generation_config.json's pad_token_id.
+TOKENIZER_CONFIG = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "bos_token": None,
+    "eos_token": EOS,
+    "pad_token": EOS,
+    "add_bos_token": False,
+    "model_max_length": 4096,
+}
 
 NOUNS = (
     "cat dog river engineer kernel compiler tensor router expert cluster node chip teacher garden city model".split()
@@ -173,6 +185,10 @@ def write_hf_configs(eos_id: int, root: Path = HERE) -> None:
         (root / folder / "config.json").write_text(json.dumps(hf_model_config(shape, eos_id), indent=2) + "\n")
 
 
+def write_tokenizer_config(folder: Path = TOKENIZER_DIR) -> None:
+    (folder / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=2) + "\n")
+
+
 def main() -> None:
     docs = make_corpus(random.Random(0))
     CORPUS.parent.mkdir(parents=True, exist_ok=True)
@@ -182,8 +198,7 @@ def main() -> None:
     TOKENIZER_DIR.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer(docs)
     tokenizer.save(str(TOKENIZER_DIR / "tokenizer.json"))
-    config = {"bos_token": None, "eos_token": EOS, "add_bos_token": False, "model_max_length": 4096}
-    (TOKENIZER_DIR / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_tokenizer_config()
     (TOKENIZER_DIR / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     stops = [tokenizer.token_to_id(IM_END), tokenizer.token_to_id(EOS)]
     generation = {"eos_token_id": stops, "pad_token_id": tokenizer.token_to_id(EOS), "do_sample": False}
