@@ -39,7 +39,10 @@ def test_the_two_setup_commands_are_what_ci_runs():
     assert (REPO / ".ci" / "run").read_text().strip().splitlines()[-1] == "make test"
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^train: venv\n\t.*-m entrypoint$", makefile, re.M)
-    assert re.search(r"^test: venv\n\t\$\(PY\) -m pytest -q -rsxX --durations=10$", makefile, re.M)
+    assert re.search(r"^test: ruff\n\t\$\(PY\) -m pytest -q -rsxX --durations=10$", makefile, re.M)
+    assert re.search(
+        r"^ruff: venv\n\t\$\(VENV\)/bin/ruff check \.\n\t\$\(VENV\)/bin/ruff format --check \.$", makefile, re.M
+    )
 
 
 def test_the_production_command_parses_and_its_variables_pass_the_contract():
