@@ -1,2 +1,3 @@
-"""The nki_moe experts: `experts.py` (the torchtitan module, its op and override), `reference.py` (the op in
-PyTorch), `layout.py` (nkilib's block layout and weight packing), `nki_kernels.py` (the Neuron seam)."""
+"""The MoE layers: `experts.py` (the nki_moe torchtitan module, its op and override), `reference.py` (the op in
+PyTorch), `layout.py` (nkilib's block layout and weight packing), `nki_kernels.py` (the Neuron seam),
+`routing.py` (every MoE variant's router losses and the experts' load)."""
