@@ -88,14 +88,13 @@ def test_a_dense_model_has_no_aux_loss(config):
 
 
 @pytest.mark.parametrize("flag", ["--moe.aux_loss=-1", "--moe.z_loss=-1", "--moe.aux_loss=nan", "--moe.z_loss=inf"])
-def test_a_bad_coefficient_is_one_line_from_finish(flag):
-    from neuron_qwen3.finish import finish
+def test_a_bad_coefficient_is_one_line_from_the_moe_section(flag):
+    """settings.Moe refuses it as the flags parse, before finishing reads it."""
+    from neuron_qwen3.prelaunch import preflight
 
-    config = parsed("nki_moe_qwen3_smoke", flag)
-    with pytest.raises(ValueError) as error:
-        finish(config, 1, "cpu")
+    config, problem = preflight.parse_config(["--module", "neuron_qwen3", "--config", "nki_moe_qwen3_smoke", flag], {})
     name, value = flag.split("=")
-    assert str(error.value) == f"{name}={float(value)} is not a coefficient from 0"
+    assert config is None and problem == f"{name}={float(value)} is not a coefficient from 0"
 
 
 def test_the_pre_launch_pass_says_a_bad_coefficient_in_one_line(tmp_path):

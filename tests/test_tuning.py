@@ -6,6 +6,7 @@ Run: .venv/bin/python -m pytest tests/test_tuning.py -q   (the stock run: about 
 """
 
 import json
+import re
 import subprocess
 import sys
 
@@ -85,12 +86,13 @@ def test_every_param_group_gets_lr():
 
 @pytest.mark.parametrize("flag", ["--tune.lr=-1e-5", "--tune.lr=2", "--tune.warmup=2.5", "--tune.warmup=-1"])
 def test_a_bad_value_from_a_stock_command_line_is_one_line(flag):
-    with pytest.raises(
-        ValueError,
-        match=rf"^{flag.split('=')[0]}=\S+ is (not a learning rate from 0 to 1|"
-        r"neither a whole number of steps nor a fraction below 1)$",
-    ):
-        tuning.apply(config(flag))
+    """The tune section refuses it as the flags parse (settings.Tune), before the knobs are applied."""
+    parsed, problem = preflight.parse_config([*SMOKE, flag], {})
+    assert parsed is None and re.fullmatch(
+        rf"{flag.split('=')[0]}=\S+ is (not a learning rate from 0 to 1|"
+        r"neither a whole number of steps nor a fraction below 1)",
+        problem,
+    ), problem
 
 
 def test_the_global_batch_divides_by_local_batch_and_data_parallel_ranks():

@@ -10,7 +10,6 @@ exactly what the workers train (the run report keeps the workers' copy: report/c
 
 import dataclasses
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,11 +85,8 @@ def configure_validation(config) -> None:
 def configure_router(config) -> None:
     """MOE_AUX_LOSS unset: the coefficient Qwen3-MoE trains with, INIT_FROM's router_aux_loss_coef (as transformers
     and TRL read it), else 0.001; a dense model: 0. MOE_ROUTER=freeze: the routers frozen after parallelizing
-    (in place, as LoRA's attach, for the same reason)."""
+    (in place, as LoRA's attach, for the same reason). The coefficients' range: settings.Moe."""
     moe = config.moe
-    for name, value in (("aux_loss", moe.aux_loss), ("z_loss", moe.z_loss)):
-        if value is not None and not 0 <= value < math.inf:
-            raise ValueError(f"--moe.{name}={value} is not a coefficient from 0")
     if adapters.family_of(config.model_spec.model) != "moe":
         moe.aux_loss = 0.0 if moe.aux_loss is None else moe.aux_loss
         return
@@ -106,14 +102,10 @@ def configure_router(config) -> None:
 
 def configure_preference(config, lora) -> str | None:
     """METHOD=dpo: the reference resolved (DPO_REFERENCE; else with LoRA the base, adapters off; else INIT_FROM's
-    folder, frozen) and the line that says so; None under SFT."""
+    folder, frozen) and the line that says so; None under SFT. Beta's and the SFT weight's range: settings.py."""
     settings = config.preference
     if settings.method != "dpo":
         return None
-    if not 0 < settings.beta < math.inf:
-        raise ValueError(f"--preference.beta={settings.beta} is not a positive number")
-    if not 0 <= settings.sft_weight < math.inf:
-        raise ValueError(f"--preference.sft_weight={settings.sft_weight} is not a weight from 0")
     if config.training.seq_len % 2:
         raise ValueError(
             f"--training.seq_len={config.training.seq_len}: DPO packs pairs into windows of an even length"
@@ -144,7 +136,8 @@ def data_parallel(config, world: int) -> int:
 
 def finish(config, world: int, kind: str) -> Finished:
     """Complete `config` in place for `world` ranks training on `kind` (cpu, cuda, neuron). Raises LoRAError
-    (an adapter's settings), DataError (EPOCHS over a bad record) or ValueError (a bad LR or warm-up)."""
+    (an adapter's settings), DataError (EPOCHS over a bad record) or ValueError (what the flags leave to finishing,
+    e.g. an odd DPO seq_len: each section checked its own values when it was built, settings.py)."""
     done = Finished()
     precision = cpu_float32(config, kind)
     done.lines += [precision] if precision else []

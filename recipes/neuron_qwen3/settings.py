@@ -1,16 +1,56 @@
 """The project's Config sections, the flags it adds to torchtitan's (`--export.dir`, `--lora.rank`, ...), as
 torchtitan's fault-tolerance trainer adds `--fault_tolerance.*`. Each field's docstring is its help (`--help`,
 docs/settings.md); the launcher's variables (entrypoint/contract.py) map onto these fields.
+
+Each section checks itself when it is built (tyro's parse of the flags, a config function's values): a value out of
+its range, or a `Literal` field's value not one of its choices, is a ValueError of one line naming the flag, which
+tyro prints and exits 2 on, and which the pre-launch pass answers as that line (prelaunch/preflight.py). A `Literal`
+is a setting's one list of choices: the code that acts on it reads them with `choices`.
 """
 
-from dataclasses import dataclass, field
+import math
+import typing
+from dataclasses import dataclass, field, fields
 from typing import Annotated, Literal
 
 import tyro
 
+MIN_HISTORY = 5  # run/divergence.py judges a spike once this many logged losses are behind it
+
+
+def choices(section: type, name: str) -> tuple:
+    """The values a `Literal` field of a section (or of any dataclass) accepts; () for a field of another type."""
+    kind = typing.get_type_hints(section)[name]
+    return typing.get_args(kind) if typing.get_origin(kind) is Literal else ()
+
+
+class Section:
+    """A Config section: its fields are the flags `--<section>.<field>`, the section named as its class in lower case
+    (RunSettings' field of it). Built, it refuses a choice off its `Literal` and what `check` refuses."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        for name in (f.name for f in fields(self)):
+            options = choices(type(self), name)
+            if options and getattr(self, name) not in options:
+                self.refuse(name, f"is not one of {', '.join(map(str, options))}")
+        self.check()
+
+    def check(self) -> None:
+        """The section's own rules: `refuse` a field's value that breaks one."""
+
+    def refuse(self, name: str, rule: str) -> None:
+        raise ValueError(f"--{type(self).__name__.lower()}.{name}={getattr(self, name)} {rule}")
+
+
+def _from(low: float, value: float, above: bool = False) -> bool:
+    """A finite number from `low` (above it, with `above`); nan is not."""
+    return (low < value if above else low <= value) and value < math.inf
+
 
 @dataclass(kw_only=True, slots=True)
-class Export:
+class Export(Section):
     dir: str = ""
     """After training (also when the data runs out), a Hugging Face model folder here (config.json, safetensors
     in the Hub's sharded layout, tokenizer), every rank writing its own part, renamed into place; empty: none."""
@@ -22,9 +62,13 @@ class Export:
     max_shard_mb: int = 5000
     """The largest safetensors file, in MB of 10^6 bytes (the Hub's 5GB); a larger tensor is a file of its own."""
 
+    def check(self) -> None:
+        if self.max_shard_mb < 1:
+            self.refuse("max_shard_mb", "is not a positive number of MB")
+
 
 @dataclass(kw_only=True, slots=True)
-class Lora:
+class Lora(Section):
     rank: int = 0
     """Train LoRA adapters of this rank over the initial load's frozen weights (lora/adapters.py); 0: full
     fine-tuning."""
@@ -36,17 +80,25 @@ class Lora:
     """Comma list of the Hugging Face projections adapted (adapters.TARGETS); empty: the attention and MLP projections
     on dense models, the attention projections on MoE."""
 
+    def check(self) -> None:
+        if self.rank < 0:
+            self.refuse("rank", "is not 0 (full fine-tuning) or a positive rank")
+        if not _from(0, self.alpha):
+            self.refuse("alpha", "is not 0 (2 x rank) or a positive number")
+        if not 0 <= self.dropout < 1:
+            self.refuse("dropout", "must be in [0, 1)")
+
 
 @dataclass(kw_only=True, slots=True)
-class Neuron:
-    logical_nc_config: int = 2
+class Neuron(Section):
+    logical_nc_config: Literal[1, 2] = 2
     """Physical NeuronCores per logical core (NEURON_LOGICAL_NC_CONFIG): the NKI kernels' and the MFU peak's LNC."""
     moe_kernel: Literal["auto", "nki", "reference"] = "auto"
     """nki_moe expert kernel: auto is NKI on Neuron and the PyTorch reference elsewhere."""
 
 
 @dataclass(kw_only=True, slots=True)
-class Moe:
+class Moe(Section):
     aux_loss: float | None = None
     """MOE_AUX_LOSS: the coefficient of Qwen3-MoE's load-balancing loss added to the loss (moe/routing.py); None:
     INIT_FROM's config.json router_aux_loss_coef, else Qwen3-MoE's 0.001 (finish.py); 0: off."""
@@ -55,9 +107,15 @@ class Moe:
     router: Literal["train", "freeze"] = "train"
     """MOE_ROUTER: freeze keeps every router's weights as loaded (INIT_FROM), out of the optimizer."""
 
+    def check(self) -> None:
+        for name in ("aux_loss", "z_loss"):
+            value = getattr(self, name)
+            if value is not None and not _from(0, value):
+                self.refuse(name, "is not a coefficient from 0")
+
 
 @dataclass(kw_only=True, slots=True)
-class Preference:
+class Preference(Section):
     method: Literal["sft", "dpo"] = "sft"
     """METHOD: sft trains on the data's tokens; dpo on preference pairs (chosen and rejected, data/pairs.py) against
     a reference model (preference/)."""
@@ -76,9 +134,15 @@ class Preference:
     """DPO_REFERENCE: a Hugging Face folder of the policy's architecture (TRL's ref_model), frozen and sharded as
     the policy; empty: with LoRA the base (the adapters off, no second copy), else INIT_FROM's folder (finish.py)."""
 
+    def check(self) -> None:
+        if not _from(0, self.beta, above=True):
+            self.refuse("beta", "is not a positive number")
+        if not _from(0, self.sft_weight):
+            self.refuse("sft_weight", "is not a weight from 0")
+
 
 @dataclass(kw_only=True, slots=True)
-class Report:
+class Report(Section):
     variant: str = ""
     """The variant this config trains (v5, native, nki_moe), for summary.json; set by the config function."""
     scale: str = ""
@@ -92,9 +156,15 @@ class Report:
     progress_every_s: float = 60.0
     """The progress line (`step k/N`, tokens/s, ETA) at the first logged step, then at most this often."""
 
+    def check(self) -> None:
+        if not _from(0, self.launched_at):
+            self.refuse("launched_at", "is not a time from 0 (seconds since the epoch)")
+        if not _from(0, self.progress_every_s):
+            self.refuse("progress_every_s", "is not a number of seconds from 0")
+
 
 @dataclass(kw_only=True, slots=True)
-class Samples:
+class Samples(Section):
     prompts: str = ""
     """SAMPLE_PROMPTS: a local file of conversations (DATASET's formats; `enable_thinking` per record) that the
     model answers greedily at step 0, every `every` steps and after the last step (report/samples.py); empty:
@@ -105,15 +175,21 @@ class Samples:
     """SAMPLE_INTERVAL: steps between samples; 0: the validation interval with validation, else none between
     step 0 and the last."""
 
+    def check(self) -> None:
+        if self.tokens < 1:
+            self.refuse("tokens", "is not a positive number of tokens")
+        if self.every < 0:
+            self.refuse("every", "is not 0 or a positive number of steps")
+
 
 @dataclass(kw_only=True, slots=True)
-class Stop:
+class Stop(Section):
     enable: bool = True
     """On SIGTERM/SIGINT, finish the step, save it on every rank (with --checkpoint.enable) and exit 128 + N."""
 
 
 @dataclass(kw_only=True, slots=True)
-class Tune:
+class Tune(Section):
     lr: float | None = None
     """Learning rate of every optimizer param group (LR); None: the config's, 2e-5 with checkpoint.initial_load_path
     (a fine-tune: run/tuning.py)."""
@@ -121,9 +197,17 @@ class Tune:
     """Warm-up (WARMUP_STEPS): whole steps, or a fraction of training.steps below 1; None: lr_scheduler.warmup_steps,
     8 % of the steps with checkpoint.initial_load_path (a fine-tune: run/tuning.py)."""
 
+    def check(self) -> None:
+        if self.lr is not None and not 0 <= self.lr <= 1:
+            self.refuse("lr", "is not a learning rate from 0 to 1")
+        if self.warmup is not None and not (
+            0 <= self.warmup < 1 or self.warmup >= 1 and float(self.warmup).is_integer()
+        ):
+            self.refuse("warmup", "is neither a whole number of steps nor a fraction below 1")
+
 
 @dataclass(kw_only=True, slots=True)
-class Divergence:
+class Divergence(Section):
     policy: Literal["stop", "warn"] = "stop"
     """NAN_POLICY. A NaN or infinite loss always stops the run (exit 3) before its step is saved; a loss spike too
     with stop, while warn logs it and goes on (divergence.py)."""
@@ -132,6 +216,12 @@ class Divergence:
     factor: float = 10.0
     """A spike: a loss above the window's median + factor x its median absolute deviation (at least 3 % of the
     median)."""
+
+    def check(self) -> None:
+        if self.window < MIN_HISTORY:
+            self.refuse("window", f"is below {MIN_HISTORY}, the losses a spike is judged on")
+        if not _from(0, self.factor, above=True):
+            self.refuse("factor", "is not a positive number")
 
 
 @dataclass(kw_only=True)

@@ -11,7 +11,7 @@ checked, with the library that reads it:
 | check | problem | warning |
 |---|---|---|
 | versions | torch, torch-neuronx, transformers or torchtitan off image-build.lock, else the locks (read first) | a lock is missing |
-| flags | a flag the config does not have, a bad value (tyro's parse, as the workers parse them) | |
+| flags | a flag the config does not have, a bad value (tyro's parse, as the workers parse them; a section's own check: settings.py) | |
 | batch | BATCH_SIZE not a multiple of local batch x data-parallel ranks, degrees that do not fit the ranks | |
 | config | MODEL of another family than the variant, or no released Qwen3 | |
 | memory | | the sharded weights, gradients and Adam state take over 60 % of a rank's device memory |
@@ -47,6 +47,8 @@ IMAGE_BUILD = "image-build.lock"  # written by the image build (ci/image/record-
 IMAGE_LOCK = "requirements.lock"  # what the image installs on top of the Neuron DLC
 HOST_LOCK = "requirements-torch.lock"  # the torch of hosts without the DLC (dev machines, CI, the stand-in base)
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+# tyro's line for a section that refused itself (settings.Section, data.DataLoader.Config): the section's own line
+SECTION_REFUSED = re.compile(r"Error parsing [A-Za-z_][\w.]*: (.+)")
 
 EXPORT_BYTES = {"bfloat16": 2, "float32": 4}
 
@@ -155,6 +157,9 @@ def parse_config(args: list, request: dict):
     if config is not None:
         return config, None
     line = tyro_line(box)
+    refused = SECTION_REFUSED.fullmatch(line)
+    if refused:  # a section's check (a bad value of its own), which names the flag: that line alone
+        return None, refused[1]
     split = [word for arg in args for word in (arg.split("=", 1) if arg.startswith("--") else [arg])]
     if "(nearest:" not in line and split != list(args):  # tyro matches `--flag=value` whole: ask again, split
         nearest = re.search(r" \(nearest: .*\)$", tyro_line(_parse(split)[1] or ""))

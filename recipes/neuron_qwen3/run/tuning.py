@@ -18,15 +18,14 @@ FINETUNE_WARMUP = 0.08  # of the steps
 
 
 def warmup_steps(warmup: float, total: int) -> int:
-    """`warmup` as steps: a whole number from 0 is steps, below 1 a fraction of `total` (at least one step)."""
-    if warmup < 0 or (warmup >= 1 and not float(warmup).is_integer()):
-        raise ValueError(f"--tune.warmup={warmup} is neither a whole number of steps nor a fraction below 1")
+    """`warmup` as steps: a whole number from 0 is steps, below 1 a fraction of `total` (at least one step); its
+    range is settings.Tune's."""
     return int(warmup) if warmup >= 1 or warmup == 0 else max(1, round(warmup * total))
 
 
 def apply(config) -> list:
     """Write tune.lr and tune.warmup into torchtitan's fields, the fine-tuning defaults where they are unset and the
-    run is a fine-tune; returns the line saying what the defaults replaced (or none)."""
+    run is a fine-tune; returns the line saying what the defaults replaced (or none). Their ranges: settings.Tune."""
     tune, groups, scheduler = config.tune, config.optimizer.param_groups, config.lr_scheduler
     finetune = bool(config.checkpoint.initial_load_path)
     had = ", ".join(f"{group.optimizer_kwargs['lr']:g}" for group in groups)
@@ -34,8 +33,6 @@ def apply(config) -> list:
     warmup = FINETUNE_WARMUP if finetune and tune.warmup is None else tune.warmup
     replaced = []
     if lr is not None:
-        if not 0 <= lr <= 1:
-            raise ValueError(f"--tune.lr={lr} is not a learning rate from 0 to 1")
         for group in groups:
             group.optimizer_kwargs["lr"] = lr
         replaced += [f"lr {lr:g} in place of {had}"] if tune.lr is None else []
