@@ -28,6 +28,7 @@ from conftest import REPO, recipes_pass
 
 from neuron_qwen3.lora import adapters, footprint
 from neuron_qwen3.lora.adapters import TARGETS
+from neuron_qwen3.settings import Lora
 
 
 def launcher(tmp_path, **env):
@@ -178,9 +179,8 @@ def test_an_adapter_folder_names_its_base_and_becomes_the_initial_load(tmp_path,
     config = parsed(
         f"--checkpoint.initial_load_path={adapter}", "--checkpoint.initial_load_in_hf", "--export.merged=True"
     )
-    assert folders.resolve(config) == adapters.LoRASettings(
-        rank=4, alpha=16.0, targets=("q_proj", "v_proj"), merged=True, adapter=str(adapter)
-    )
+    assert folders.resolve(config) == Lora(rank=4, alpha=16.0, targets="q_proj,v_proj", adapter=str(adapter))
+    assert config.lora.names == ("q_proj", "v_proj") and config.export.merged
     assert config.checkpoint.initial_load_path == str(dense_base)
 
 
@@ -269,7 +269,7 @@ def logits(model, tokens):
 def test_every_target_maps_to_a_module(variant):
     _, model = built(variant, "meta")
     family = FAMILY[variant]
-    sites = adapters.insert(model, adapters.LoRASettings(rank=2, targets=TARGETS[family]), family)
+    sites = adapters.insert(model, Lora(rank=2, targets=",".join(TARGETS[family])), family)
     layers = 2
     assert len(sites) == layers * len(TARGETS[family])
     assert {s.hf_module.split(".", 3)[3] + (f".{s.hf_param}" if s.hf_param else "") for s in sites} == {
@@ -298,7 +298,7 @@ def test_b_zero_changes_nothing_and_only_adapters_train(variant, dense_attention
     tokens = torch.randint(0, 2048, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         before = logits(model, tokens)
-    adapters.insert(model, adapters.LoRASettings(rank=4, targets=TARGETS[family]), family)
+    adapters.insert(model, Lora(rank=4, targets=",".join(TARGETS[family])), family)
     # FSDP reads each parameter back by its name (getattr); a name that gave a merged tensor made it the base
     assert all(model.get_parameter(name) is p for name, p in model.named_parameters())
     adapters.freeze_base(model)
@@ -320,7 +320,7 @@ def test_b_zero_changes_nothing_and_only_adapters_train(variant, dense_attention
 def test_a_target_no_module_matches_is_one_line_in_the_worker():
     _, model = built("nki_moe", "meta")  # an MoE model, told it is dense: the family check passes, the model has none
     with pytest.raises(adapters.LoRAError) as caught:
-        adapters.insert(model, adapters.LoRASettings(rank=2, targets=("q_proj", "gate_proj")), "dense")
+        adapters.insert(model, Lora(rank=2, targets="q_proj,gate_proj"), "dense")
     assert str(caught.value).startswith("LORA_TARGETS: gate_proj matches no module of this model") and "\n" not in str(
         caught.value
     )
@@ -330,16 +330,20 @@ def test_lora_refuses_tensor_and_expert_parallelism():
     from types import SimpleNamespace
 
     dims = SimpleNamespace(tp_enabled=True, ep_enabled=False, pp_enabled=False, tp=2, ep=1, pp=1)
-    parallelize = adapters.wrap_parallelize(lambda model, **_: model, adapters.LoRASettings(rank=2), "dense")
+    parallelize = adapters.wrap_parallelize(lambda model, **_: model, Lora(rank=2), "dense")
     with pytest.raises(adapters.LoRAError, match="FSDP only; this run has tp=2, ep=1, pp=1"):
         parallelize(torch.nn.Linear(2, 2), parallel_dims=dims)
 
 
 def test_the_lora_section_is_the_settings():
-    assert adapters.settings_of(parsed()) is None
-    settings = adapters.settings_of(parsed("--lora.rank=8", "--lora.targets=q_proj,v_proj", "--export.merged=True"))
-    assert settings == adapters.LoRASettings(rank=8, targets=("q_proj", "v_proj"), merged=True) and settings.scale == 2
-    assert adapters.LoRASettings(rank=8, alpha=4).scale == 0.5
+    from neuron_qwen3.lora import folders
+
+    assert folders.settings(parsed()) is None
+    config = parsed("--lora.rank=8", "--lora.targets=q_proj,v_proj", "--export.merged=True")
+    settings = folders.settings(config)
+    assert settings is config.lora and settings.names == ("q_proj", "v_proj") and settings.scale == 2
+    assert config.export.merged
+    assert Lora(rank=8, alpha=4).scale == 0.5
 
 
 # ---- PEFT's names and layouts ----------------------------------------------------------------------------------
@@ -387,7 +391,7 @@ def test_the_adapter_file_has_peft_names_and_shapes(variant, targets):
 
     reference, titan = peft_model(variant, targets)
     family = FAMILY[variant]
-    sites = adapters.insert(titan, adapters.LoRASettings(rank=4, targets=targets), family)
+    sites = adapters.insert(titan, Lora(rank=4, targets=",".join(targets)), family)
     ours = {key: value.shape for key, value in titan.state_dict().items() if adapters.is_adapter_key(key)}
     torch.manual_seed(1)
     tensors = {key: torch.randn(shape) for key, shape in ours.items()}
@@ -407,9 +411,7 @@ def test_expert_layout_is_the_one_peft_computes_with():
     from neuron_qwen3.lora import folders
 
     reference, titan = peft_model("nki_moe", ("experts.gate_up_proj", "experts.down_proj"))
-    sites = adapters.insert(
-        titan, adapters.LoRASettings(rank=4, alpha=8, targets=("experts.gate_up_proj", "experts.down_proj")), "moe"
-    )
+    sites = adapters.insert(titan, Lora(rank=4, alpha=8, targets="experts.gate_up_proj,experts.down_proj"), "moe")
     torch.manual_seed(2)
     ours = {k: torch.randn(v.shape) for k, v in titan.state_dict().items() if adapters.is_adapter_key(k)}
     reference.load_state_dict(
@@ -430,7 +432,7 @@ def test_expert_layout_is_the_one_peft_computes_with():
 def test_adapted_modules_compile_fullgraph(variant):
     _, model = built(variant)
     family = FAMILY[variant]
-    adapters.insert(model, adapters.LoRASettings(rank=4, targets=TARGETS[family]), family)
+    adapters.insert(model, Lora(rank=4, targets=",".join(TARGETS[family])), family)
     # FSDP reads each parameter back by its name (getattr); a name that gave a merged tensor made it the base
     assert all(model.get_parameter(name) is p for name, p in model.named_parameters())
     adapters.freeze_base(model)
@@ -491,7 +493,7 @@ def test_the_dry_run_footprint_shrinks_gradients_and_optimizer_with_the_trainabl
     from neuron_qwen3 import config_registry
 
     config = config_registry.native_qwen3_smoke()
-    found = footprint.dry_run(config, adapters.LoRASettings(rank=4), ranks=2)
+    found = footprint.dry_run(config, Lora(rank=4), ranks=2)
     # 2 layers x (q 128x128 + k, v 128x64 + o 128x128 + gate, up 128x384 + down 384x128), each r x (in + out)
     expected = 2 * 4 * ((128 + 128) * 2 + (128 + 64) * 2 + (128 + 384) * 3)
     assert found.trainable == expected
@@ -519,8 +521,8 @@ def test_continuing_an_adapter_takes_its_settings_and_refuses_others(tmp_path, d
         )
     )
     load = (f"--checkpoint.initial_load_path={tmp_path}", "--checkpoint.initial_load_in_hf")
-    assert folders.resolve(parsed(*load, "--lora.targets=q_proj,v_proj,experts.down_proj")) == adapters.LoRASettings(
-        rank=8, alpha=32.0, dropout=0.05, targets=("v_proj", "q_proj", "experts.down_proj"), adapter=str(tmp_path)
+    assert folders.resolve(parsed(*load, "--lora.targets=q_proj,v_proj,experts.down_proj")) == Lora(
+        rank=8, alpha=32.0, dropout=0.05, targets="v_proj,q_proj,experts.down_proj", adapter=str(tmp_path)
     )
     with pytest.raises(adapters.LoRAError) as caught:
         folders.resolve(parsed(*load, "--lora.rank=4", "--lora.targets=q_proj"))

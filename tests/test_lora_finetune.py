@@ -32,7 +32,7 @@ LR = "8e-4"  # the smoke config's, not the full fine-tuning default (2e-5): the 
 MOE_TARGETS = "q_proj,k_proj,v_proj,o_proj,experts.gate_up_proj,experts.down_proj"
 SETTINGS = {
     "dense": dict(rank=4, alpha=16),
-    "moe": dict(rank=4, targets=tuple(MOE_TARGETS.split(","))),
+    "moe": dict(rank=4, targets=MOE_TARGETS),
     "v5": dict(rank=4),
 }
 VARIANT = {"dense": "native", "moe": "nki_moe", "v5": "v5"}
@@ -200,6 +200,7 @@ def trained_titan(done, name):
     from neuron_qwen3 import config_registry
     from neuron_qwen3.lora import adapters
     from neuron_qwen3.quirks import hf_rope_fix
+    from neuron_qwen3.settings import Lora
 
     if name == "v5":
         hf_rope_fix.apply()  # as the v5 trainer does before it builds the model
@@ -209,7 +210,7 @@ def trained_titan(done, name):
     apply_overrides(config.override, config)
     with torch.device("meta"):
         model = model_config.build()
-    adapters.insert(model, adapters.LoRASettings(**SETTINGS[name]), adapters.family_of(model_config))
+    adapters.insert(model, Lora(**SETTINGS[name]), adapters.family_of(model_config))
     model.to_empty(device="cpu")
     with torch.no_grad():
         model.init_weights(buffer_device=None)

@@ -19,6 +19,7 @@ from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import adapters, folders
 from neuron_qwen3.moe import routing
 from neuron_qwen3.run import tuning
+from neuron_qwen3.settings import Lora
 
 # The override.imports entry that swaps the nki_moe experts (moe/experts.py), named without importing it: a
 # torchtitan without the override registry still runs the other variants.
@@ -32,10 +33,11 @@ CPU_FLOAT32 = (
 
 @dataclass
 class Finished:
-    """What finishing found besides the config: the lines saying what it derived, LoRA's settings, EPOCHS' plan."""
+    """What finishing found besides the config: the lines saying what it derived, LoRA's settings (the config's
+    `--lora` section; None: full fine-tuning), EPOCHS' plan."""
 
     lines: list = field(default_factory=list)
-    lora: adapters.LoRASettings | None = None
+    lora: Lora | None = None
     plan: object = None  # data.epochs.Plan, with EPOCHS
 
 
@@ -85,7 +87,7 @@ def configure_validation(config) -> None:
 def configure_router(config) -> None:
     """MOE_AUX_LOSS unset: the coefficient Qwen3-MoE trains with, INIT_FROM's router_aux_loss_coef (as transformers
     and TRL read it), else 0.001; a dense model: 0. MOE_ROUTER=freeze: the routers frozen after parallelizing
-    (in place, as LoRA's attach, for the same reason). The coefficients' range: settings.Moe."""
+    (in place, as LoRA's adapters are, for the same reason). The coefficients' range: settings.Moe."""
     moe = config.moe
     if adapters.family_of(config.model_spec.model) != "moe":
         moe.aux_loss = 0.0 if moe.aux_loss is None else moe.aux_loss
@@ -145,7 +147,7 @@ def finish(config, world: int, kind: str) -> Finished:
     weights.hf_compatible(config)  # before the model is built
     done.lora = folders.resolve(config)  # an initial load naming a PEFT adapter: its base is loaded instead
     if done.lora:
-        adapters.attach(config, done.lora)  # adapters in before parallelize_fn, the base frozen after it
+        adapters.adapt_model_spec(config, done.lora)  # adapters in before parallelize_fn, the base frozen after
     configure_router(config)  # after resolve: INIT_FROM is then the base model's folder
     preference = configure_preference(config, done.lora)  # after resolve too
     done.lines += [preference] if preference else []

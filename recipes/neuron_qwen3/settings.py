@@ -79,6 +79,9 @@ class Lora(Section):
     targets: str = ""
     """Comma list of the Hugging Face projections adapted (adapters.TARGETS); empty: the attention and MLP projections
     on dense models, the attention projections on MoE."""
+    adapter: tyro.conf.Suppress[str] = ""
+    """Not a flag: the PEFT adapter folder that INIT_FROM named, whose rank, alpha, dropout and targets these are,
+    continued (lora/folders.py: resolve, in finish.py)."""
 
     def check(self) -> None:
         if self.rank < 0:
@@ -87,6 +90,16 @@ class Lora(Section):
             self.refuse("alpha", "is not 0 (2 x rank) or a positive number")
         if not 0 <= self.dropout < 1:
             self.refuse("dropout", "must be in [0, 1)")
+
+    @property
+    def scale(self) -> float:
+        """The adapters' update is scaled by alpha / rank (alpha 0: 2 x rank)."""
+        return (self.alpha or 2.0 * self.rank) / self.rank
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """`targets` as names, in their order; (): the model family's default (lora/adapters.py: targets_of)."""
+        return tuple(name.strip() for name in self.targets.split(",") if name.strip())
 
 
 @dataclass(kw_only=True, slots=True)

@@ -34,6 +34,7 @@ from torchtitan.protocols.sharding import ShardingConfig
 from torchtitan.tools.logging import logger
 
 from neuron_qwen3.moe.experts import NKIGroupedExperts
+from neuron_qwen3.settings import Lora
 
 ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
 # LoRA targets, in the Hugging Face module names PEFT's `target_modules` uses, per model family. Qwen3-MoE has no
@@ -54,46 +55,16 @@ class LoRAError(ValueError):
     """A LoRA setting the model cannot take; its message is one line."""
 
 
-@dataclass(frozen=True)
-class LoRASettings:
-    rank: int
-    alpha: float | None = None  # None: 2 x rank
-    dropout: float = 0.0
-    targets: tuple[str, ...] | None = None  # Hugging Face names; None: the family's default (TARGETS)
-    merged: bool = False  # the export: the merged full model (and the adapter beside it)
-    adapter: str | None = None  # a PEFT adapter folder to continue training (INIT_FROM named it)
-
-    @property
-    def scale(self) -> float:
-        return (self.alpha or 2.0 * self.rank) / self.rank
-
-    def targets_of(self, family: str) -> tuple[str, ...]:
-        return self.targets or DEFAULT_TARGETS[family]
+def targets_of(settings: Lora, family: str) -> tuple[str, ...]:
+    """The Hugging Face names adapted: `--lora.targets`, else the model family's default."""
+    return settings.names or DEFAULT_TARGETS[family]
 
 
-def settings_of(config) -> LoRASettings | None:
-    """The `--lora.*` section (and `--export.merged`) as settings; None: full fine-tuning (rank 0)."""
-    section = config.lora
-    if not section.rank:
-        return None
-    targets = tuple(name.strip() for name in section.targets.split(",") if name.strip())
-    return LoRASettings(
-        rank=section.rank,
-        alpha=section.alpha or None,
-        dropout=section.dropout,
-        targets=targets or None,
-        merged=config.export.merged,
-    )
-
-
-def target_problems(settings: LoRASettings, family: str) -> list[str]:
-    """What is wrong with the settings for a model family, one line each ([]: nothing)."""
-    targets = settings.targets_of(family)
-    problems = [] if settings.rank >= 1 else [f"LORA_RANK={settings.rank} is not a positive integer"]
-    if settings.alpha is not None and not 0 < settings.alpha < math.inf:
-        problems.append(f"LORA_ALPHA={settings.alpha:g} is not a positive number")
-    if not 0 <= settings.dropout < 1:
-        problems.append(f"LORA_DROPOUT={settings.dropout:g} is not a number from 0 to below 1")
+def target_problems(settings: Lora, family: str) -> list[str]:
+    """What is wrong with the targets for a model family, one line each ([]: nothing); the rank's, alpha's and
+    dropout's ranges are the section's own (settings.Lora)."""
+    targets = targets_of(settings, family)
+    problems = []
     if len(set(targets)) != len(targets):
         problems.append(f"LORA_TARGETS={','.join(targets)} names a target twice")
     unknown = [name for name in targets if name not in TARGETS[family]]
@@ -110,7 +81,7 @@ def target_problems(settings: LoRASettings, family: str) -> list[str]:
     return problems
 
 
-def problems(config, settings: LoRASettings) -> list[str]:
+def problems(config, settings: Lora) -> list[str]:
     """The problems (one line each) that the settings show against the config before any model exists: no initial
     load, a target the model family lacks, a parallelism LoRA here does not shard."""
     loads = config.checkpoint.initial_load_path and config.checkpoint.initial_load_in_hf
@@ -177,7 +148,7 @@ class LoRA(Module):
         return torch.bmm(self.lora_B[:, rows], self.lora_A) * self.scale
 
 
-def _lora(beside: torch.Tensor, in_features, out_features, settings: LoRASettings, experts=0) -> LoRA:
+def _lora(beside: torch.Tensor, in_features, out_features, settings: Lora, experts=0) -> LoRA:
     """An adapter on the device and in the dtype of the weight `beside` it (meta, when the trainer parallelizes)."""
     replicated = dense_param_placement(tp=spmd.R)  # FSDP shards it with its block; no TP (refused)
     with torch.device(beside.device):
@@ -232,7 +203,8 @@ def _expert_weights(self):
     return w1, w2, w3
 
 
-def _attach(module: nn.Module, body: dict, adapters: dict) -> None:
+def _install(module: nn.Module, body: dict, adapters: dict) -> None:
+    """`module` becomes its adapted class (`body`'s methods), with `adapters` as its children."""
     module.__class__ = _adapted(type(module), body)
     for child, adapter in adapters.items():
         module.add_module(child, adapter)
@@ -261,7 +233,7 @@ def _linear_sites(prefix, hf_prefix, parent, pairs, settings, targets):
         adapter = _lora(linear.weight, linear.in_features, linear.out_features, settings)
         hf_path = f"{hf_prefix}.{hf_name}"
         adapter.site = Site(f"{prefix}.{attr}.lora", hf_path, (f"{prefix}.{attr}.weight",))
-        _attach(linear, {"forward": _linear_forward}, {"lora": adapter})
+        _install(linear, {"forward": _linear_forward}, {"lora": adapter})
         sites.append(adapter.site)
     return sites
 
@@ -276,7 +248,7 @@ def _qkv_sites(prefix, hf_prefix, qkv: FusedQKVLinear, settings, targets):
             adapter.site = Site(f"{prefix}.lora_{name}", f"{hf_prefix}.{name}_proj", (f"{prefix}.w{name}.weight",))
             adapters[f"lora_{name}"] = adapter
     if adapters:
-        _attach(qkv, {"forward": _qkv_forward}, adapters)
+        _install(qkv, {"forward": _qkv_forward}, adapters)
     return [adapter.site for adapter in adapters.values()]
 
 
@@ -301,13 +273,13 @@ def _expert_sites(prefix, hf_prefix, experts: GroupedExperts, settings, targets)
         adapter.site = Site(f"{prefix}.lora_down", hf_prefix, (f"{prefix}.w2_EDF",), "down_proj")
         adapters["lora_down"] = adapter
     if adapters:
-        _attach(experts, {"expert_weights": _expert_weights}, adapters)
+        _install(experts, {"expert_weights": _expert_weights}, adapters)
     return [adapter.site for adapter in adapters.values()]
 
 
-def insert(model: nn.Module, settings: LoRASettings, family: str) -> list[Site]:
+def insert(model: nn.Module, settings: Lora, family: str) -> list[Site]:
     """Put the adapters into `model` (any device, meta included); LoRAError when a target matches nothing."""
-    targets = settings.targets_of(family)
+    targets = targets_of(settings, family)
     found_problems = target_problems(settings, family)
     if found_problems:
         raise LoRAError(found_problems[0])
@@ -391,7 +363,7 @@ def freeze_base(model: nn.Module) -> None:
         p.requires_grad_(id(p) in trainable)
 
 
-def wrap_parallelize(parallelize_fn, settings: LoRASettings, family: str):
+def wrap_parallelize(parallelize_fn, settings: Lora, family: str):
     """The model spec's parallelize_fn with the adapters put in before it and the base frozen after it."""
 
     def parallelize(model, *, parallel_dims, **kwargs):
@@ -413,7 +385,7 @@ def wrap_parallelize(parallelize_fn, settings: LoRASettings, family: str):
         model.init_states = init_states  # the trainer calls it after to_empty; v5's own init skips the adapters
         logger.info(
             f"LoRA: {len(sites)} adapters of rank {settings.rank} (scale {settings.scale:g}) on "
-            f"{', '.join(settings.targets_of(family))}; {counts_line(model)}"
+            f"{', '.join(targets_of(settings, family))}; {counts_line(model)}"
         )
         return model
 
@@ -431,7 +403,7 @@ def counts_line(model: nn.Module) -> str:
     return f"{trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.3f}%)"
 
 
-def attach(config, settings: LoRASettings) -> None:
+def adapt_model_spec(config, settings: Lora) -> None:
     """Before the model is built: its model spec parallelizes through `wrap_parallelize`. In place: torchtitan's
     Trainer holds `config.model_spec` from before `init_distributed`, where the config is finished (finish.py)."""
     spec = config.model_spec

@@ -31,7 +31,8 @@ from torchtitan.tools.logging import logger
 
 from neuron_qwen3.hf import shards, weights, write
 from neuron_qwen3.lora import adapters
-from neuron_qwen3.lora.adapters import LoRAError, LoRASettings, Site
+from neuron_qwen3.lora.adapters import LoRAError, Site
+from neuron_qwen3.settings import Lora
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -120,7 +121,7 @@ def sites(trainer) -> list[Site]:
     return [adapter.site for part in trainer.model_parts for adapter in adapters.adapters(part)]
 
 
-def prepare_checkpoints(trainer, settings: LoRASettings) -> None:
+def prepare_checkpoints(trainer, settings: Lora) -> None:
     """Before torchtitan's `checkpointer.load`: load the base from INIT_FROM, make checkpoints adapter-only with the
     base's fingerprint, and (INIT_FROM named an adapter, no checkpoint to resume) load that adapter."""
     checkpointer = trainer.checkpointer
@@ -208,7 +209,7 @@ def merge(all_sites: list[Site], states: dict, scale: float) -> dict:
 # ---- adapter_config.json ---------------------------------------------------------------------------------------
 
 
-def adapter_config(all_sites: list[Site], settings: LoRASettings, base: str) -> dict:
+def adapter_config(all_sites: list[Site], settings: Lora, base: str) -> dict:
     """What PEFT's LoraConfig needs to rebuild the adapter (it fills every other field with its defaults)."""
     modules = sorted({s.hf_module.rsplit(".", 1)[1] for s in all_sites if not s.hf_param})
     parameters = sorted({f"mlp.experts.{s.hf_param}" for s in all_sites if s.hf_param})
@@ -231,8 +232,9 @@ def adapter_config(all_sites: list[Site], settings: LoRASettings, base: str) -> 
     }
 
 
-def adapter_settings(folder: str) -> LoRASettings:
-    """The LoRA settings of a PEFT adapter folder; LoRAError (one line) for one this image cannot continue."""
+def adapter_settings(folder: str) -> Lora:
+    """The LoRA settings of a PEFT adapter folder (as the `--lora` section that trains it); LoRAError (one line) for
+    one this image cannot continue."""
     path = os.path.join(folder, ADAPTER_CONFIG)
     try:
         with open(path) as f:
@@ -262,17 +264,20 @@ def adapter_settings(folder: str) -> LoRASettings:
     modules = [modules] if isinstance(modules, str) else modules
     parameters = ["experts." + name.rsplit(".", 1)[-1] for name in config.get("target_parameters") or []]
     try:
-        return LoRASettings(
+        found = Lora(
             rank=int(config["r"]),
             alpha=float(config["lora_alpha"]),
             dropout=float(config.get("lora_dropout") or 0.0),
-            targets=tuple(modules + parameters),
+            targets=",".join(modules + parameters),
         )
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError) as error:  # ValueError: also a value the section refuses
         raise LoRAError(
             f"INIT_FROM={folder}: {ADAPTER_CONFIG} has no usable r, lora_alpha, lora_dropout "
             f"({type(error).__name__}: {error})"
         ) from None
+    if not found.rank:  # the section's rank 0 is full fine-tuning: no adapter
+        raise LoRAError(f"INIT_FROM={folder}: {ADAPTER_CONFIG} has r=0, an adapter of no rank")
+    return found
 
 
 def adapter_base(folder: str, assets: str) -> str:
@@ -303,25 +308,25 @@ def is_adapter_folder(path: str | None) -> bool:
     return bool(path) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
 
 
-def settings(config) -> LoRASettings | None:
-    """The run's LoRA settings; None: full fine-tuning. An initial load that names a PEFT adapter folder continues
-    that adapter: its adapter_config.json gives the settings, and `--lora.*` values that differ from the adapter's
-    are refused (LoRAError). Reads, changes nothing."""
-    source = config.checkpoint.initial_load_path
+def settings(config) -> Lora | None:
+    """The run's LoRA settings: the `--lora` section; None: full fine-tuning (rank 0). An initial load that names a
+    PEFT adapter folder continues that adapter: its adapter_config.json gives the settings (`adapter` naming it), and
+    `--lora.*` values that differ from the adapter's are refused (LoRAError). Reads, changes nothing."""
+    source, section = config.checkpoint.initial_load_path, config.lora
     if not (config.checkpoint.initial_load_in_hf and is_adapter_folder(source)):
-        return adapters.settings_of(config)
-    saved, section = adapter_settings(source), config.lora
+        return section if section.rank else None
+    saved = adapter_settings(source)
     given = {
         "LORA_RANK": section.rank or None,
         "LORA_ALPHA": section.alpha or None,
         "LORA_DROPOUT": section.dropout or None,
-        "LORA_TARGETS": ",".join(sorted(n.strip() for n in section.targets.split(",") if n.strip())) or None,
+        "LORA_TARGETS": ",".join(sorted(section.names)) or None,
     }
     has = {
         "LORA_RANK": saved.rank,
         "LORA_ALPHA": saved.alpha,
         "LORA_DROPOUT": saved.dropout,
-        "LORA_TARGETS": ",".join(sorted(saved.targets)),
+        "LORA_TARGETS": ",".join(sorted(saved.names)),
     }
     differs = [
         f"{name}={shown(value)} (the adapter's: {shown(has[name])})"
@@ -330,15 +335,16 @@ def settings(config) -> LoRASettings | None:
     ]
     if differs:
         raise LoRAError(f"INIT_FROM={source}: {', '.join(differs)}: unset them to continue the adapter as it is")
-    return replace(saved, merged=config.export.merged, adapter=source)
+    return replace(saved, adapter=source)
 
 
-def resolve(config) -> LoRASettings | None:
-    """`settings`, and an adapter's base as the initial load in place of the adapter (`config` is changed in
-    place: call this once)."""
+def resolve(config) -> Lora | None:
+    """`settings`, and with an adapter folder its base as the initial load in place of the adapter and its settings
+    as the `--lora` section (`config` is changed in place: call this once)."""
     found = settings(config)
     if found and found.adapter:
         config.checkpoint.initial_load_path = adapter_base(found.adapter, config.hf_assets_path)
+        config.lora = found
     return found
 
 
@@ -406,8 +412,8 @@ def merged_pieces(trainer, all_sites: list[Site], scale: float) -> list:
     return [functools.partial(merged, piece) for piece in shards.state_dict_pieces(trainer.model_parts)]
 
 
-def export(trainer, settings: LoRASettings) -> str | None:
-    """`--export.dir`, if set: the PEFT adapter folder, or (settings.merged) the merged model, streamed as
+def export(trainer, settings: Lora) -> str | None:
+    """`--export.dir`, if set: the PEFT adapter folder, or (`--export.merged`) the merged model, streamed as
     weights.export streams any model, with the adapter in `<dir>/adapter`. Every rank must call it; the folder is
     staged and renamed into place (write.staged: on a failure on any rank, every rank raises ExportError)."""
     section = trainer.config.export
@@ -425,7 +431,7 @@ def export(trainer, settings: LoRASettings) -> str | None:
     try:
         with write.staged(ranks, target) as staging:
             folder = staging
-            if settings.merged:
+            if section.merged:
                 write.write_model(
                     ranks,
                     staging,
@@ -446,6 +452,6 @@ def export(trainer, settings: LoRASettings) -> str | None:
         ranks.close()
     logger.info(
         f"Exported the LoRA adapter ({len(all_sites)} adapters, {dtype})"
-        f"{' and the merged model' if settings.merged else ''} to {target}"
+        f"{' and the merged model' if section.merged else ''} to {target}"
     )
     return target

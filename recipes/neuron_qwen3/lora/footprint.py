@@ -8,7 +8,8 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
-from neuron_qwen3.lora.adapters import LoRASettings, family_of, freeze_base, insert
+from neuron_qwen3.lora.adapters import family_of, freeze_base, insert
+from neuron_qwen3.settings import Lora
 
 BYTES_FP32 = 4
 
@@ -77,7 +78,7 @@ def log_state_bytes(optimizers, model_parts) -> None:
     handle = last.register_step_post_hook(measure)
 
 
-def dry_run(config, settings: LoRASettings, ranks: int) -> Footprint:
+def dry_run(config, settings: Lora, ranks: int) -> Footprint:
     """For `--dry-run` (the pre-launch child): the config's model built on meta with the adapters, base frozen."""
     model_config = config.model_spec.model
     model_config.update_from_config(config=config)

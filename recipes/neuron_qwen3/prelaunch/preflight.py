@@ -390,7 +390,7 @@ def run(request: dict) -> dict:
         problems = folders.check_resume_base(
             os.path.join(config.checkpoint.folder, f"step-{resume}"), config.checkpoint.initial_load_path
         )
-    exported = shape.parameters() if shape and (not tuned or tuned.merged) else None  # an adapter is small
+    exported = shape.parameters() if shape and (not tuned or config.export.merged) else None  # an adapter is small
     answer["problems"] += problems + export(config, exported)
     answer["warnings"] += warnings
     for path in data.mix.local_paths(getattr(config.dataloader, "source", "")) or ():
