@@ -1,7 +1,9 @@
 """How each variable's text becomes its value: one parser per kind of value, each naming what it accepts.
 
 A parser raises ValueError outside `parse.allowed` (accepting); the contract (contract.py) turns that into one line
-naming the variable, the value and what is allowed.
+naming the variable, the value and what is allowed. A choice's parser keeps its values in `parse.options`: where its
+flag sets a field of the recipes' Config, they are that field's `Literal` (tests/test_settings.py keeps them equal;
+the launcher imports no recipes).
 """
 
 import ipaddress
@@ -40,6 +42,7 @@ def choice(*options):
             raise ValueError
         return raw
 
+    parse.options = options
     return parse
 
 
@@ -125,9 +128,15 @@ def shell_words(raw) -> tuple:
     return tuple(shlex.split(raw))
 
 
-@accepting("one of: 1, 2")
+LNC = choice("1", "2")
+
+
+@accepting(LNC.allowed)
 def lnc(raw) -> int:
-    return int(choice("1", "2")(raw))
+    return int(LNC(raw))
+
+
+lnc.options = LNC.options
 
 
 def span(part):

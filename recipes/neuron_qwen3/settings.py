@@ -5,7 +5,8 @@ docs/settings.md); the launcher's variables (entrypoint/contract.py) map onto th
 Each section checks itself when it is built (tyro's parse of the flags, a config function's values): a value out of
 its range, or a `Literal` field's value not one of its choices, is a ValueError of one line naming the flag, which
 tyro prints and exits 2 on, and which the pre-launch pass answers as that line (prelaunch/preflight.py). A `Literal`
-is a setting's one list of choices: the code that acts on it reads them with `choices`.
+is a setting's one list of choices: the code that acts on it reads them with `choices` (tests/test_settings.py keeps
+the launcher's own list of each equal to it).
 """
 
 import math

@@ -15,7 +15,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torchtitan.components.loss import IGNORE_INDEX
 
-LOSSES = ("sigmoid", "ipo")
+from neuron_qwen3 import settings
+
+LOSSES = settings.choices(settings.Preference, "loss")  # DPO_LOSS's one list: the field's Literal
 PER_PAIR = (
     "loss",
     "rewards/chosen",
