@@ -80,8 +80,8 @@ def configure_validation(config) -> None:
     project's loader of it (every rank its share, equal batches), every `--validator.freq` steps."""
     loader = config.dataloader
     if loader.validation:
-        config.validator.enable, config.validator.steps = True, -1
-        config.validator.dataloader = dataclasses.replace(loader, split="validation", infinite=False, epochs=0)
+        held_out = dataclasses.replace(loader, split="validation", infinite=False, epochs=0)
+        config.validator = dataclasses.replace(config.validator, enable=True, steps=-1, dataloader=held_out)
 
 
 def configure_router(config) -> None:
