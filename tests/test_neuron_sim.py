@@ -9,6 +9,7 @@ interpreter (tests/neuron_sim/check_device.py), once for the module, and the tes
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SIM = REPO / "tests" / "neuron_sim"
 SITE = SIM / "site"
+
+# The device is a C++ extension compiled on first use (torch.utils.cpp_extension: a C++ compiler and ninja).
+pytestmark = pytest.mark.skipif(
+    not (shutil.which(os.environ.get("CXX", "c++")) and shutil.which("ninja")),
+    reason="the simulated neuron device needs a C++ compiler and ninja to build",
+)
 
 
 def sim_env(**extra) -> dict:
@@ -109,7 +116,15 @@ def test_device_module_answers_torchtitan(checks):
     assert "neuron" in module["device_name"]
     assert module["event_done"]
     assert module["storage_resized"] == [0, 64]
-    for name in ("get_rng_state", "set_rng_state", "memory_stats", "reset_peak_memory_stats", "Stream", "Event"):
+    assert module["autocast"] == ["torch.bfloat16", "torch.float32"]  # matmul cast, add left alone
+    for name in (
+        "get_rng_state",
+        "memory_stats",
+        "reset_peak_memory_stats",
+        "Stream",
+        "Event",
+        "get_amp_supported_dtype",
+    ):
         assert module["calls"].get(name, 0) >= 1, name
 
 
@@ -131,7 +146,13 @@ def test_inductor_fails_on_neuron_as_on_trainium(checks):
     inductor = part(checks, "inductor")
     assert inductor["raised"], "Inductor compiled a function for the neuron device"
     assert inductor["type"] == "torch._inductor.exc.InductorError"
-    assert inductor["message"].startswith("KeyError: 'neuron'"), inductor["message"]
+    assert inductor["message"].startswith("KeyError: 'neuron'"), inductor["message"]  # get_device_op_overrides
+    reduction = part(checks, "inductor_reduction")
+    assert reduction["raised"], "Inductor compiled a reduction for the neuron device"
+    assert reduction["type"] == "torch._inductor.exc.InductorError"
+    assert reduction["message"].startswith(
+        "LoweringException: AssertionError: no scheduling registered for device neuron"
+    ), reduction["message"]
 
 
 def test_torchtitan_picks_neuron_when_the_sim_loads_at_start_up():

@@ -63,7 +63,7 @@ def load(verbose: bool = False):
 
     folder = build_dir()
     library = _library(folder)
-    if library.exists():
+    if library.exists() and not (folder / "lock").exists():  # "lock": cpp_extension is building there now
         return _import(library)
     from torch.utils import cpp_extension
 

@@ -176,7 +176,11 @@ def _device_module():
     storage.resize_(0)
     freed = storage.nbytes()
     storage.resize_(64)
+    with torch.autocast("neuron", dtype=torch.bfloat16):  # activation checkpointing's recompute enters it
+        ones = torch.ones(2, 2, device="neuron")
+        autocast = [str((ones @ ones).dtype), str((ones + ones).dtype)]
     return {
+        "autocast": autocast,
         "peak_grew_by": peak - before,
         "after_free": torch.neuron.memory_allocated() - before,
         "stats_keys": sorted(torch.neuron.memory_stats()),
@@ -202,14 +206,25 @@ def _recorder():
     }
 
 
-@check("inductor")
-def _inductor():
-    compiled = torch.compile(lambda x: torch.sin(x) * 2)
+def _compile_on_device(fn) -> dict:
+    torch._dynamo.reset()
     try:
-        compiled(torch.ones(3, device="neuron"))
+        torch.compile(fn)(torch.ones(4, 4, device="neuron"))
     except Exception as e:  # noqa: BLE001
         return {"raised": True, "type": f"{type(e).__module__}.{type(e).__name__}", "message": str(e)[:1000]}
     return {"raised": False}
+
+
+@check("inductor")
+def _inductor():
+    return _compile_on_device(lambda x: torch.sin(x) * 2)
+
+
+# A reduction over two dims, as create_block_mask's (torchtitan compiles it): Inductor asks for the device's backend
+# features while lowering it, and fails there.
+@check("inductor_reduction")
+def _inductor_reduction():
+    return _compile_on_device(lambda x: (x > 0).sum([-2, -1]))
 
 
 if __name__ == "__main__":

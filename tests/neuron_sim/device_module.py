@@ -138,6 +138,13 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
+@_counted
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """torch.autocast(device_type="neuron") asks this (TorchNeuron supports autocast on the device). Activation
+    checkpointing's recompute enters autocast for the accelerator even in a CPU run, once `neuron` is one."""
+    return [torch.bfloat16, torch.float16, torch.float32]
+
+
 # ---- memory --------------------------------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
@@ -578,6 +579,21 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+
+// torch.autocast("neuron"): matrix products in the autocast dtype, everything else as it comes (activation
+// checkpointing's recompute enters autocast for the accelerator; without a fallthrough every operator fails).
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  KERNEL_PRIVATEUSEONE(mm, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(addmm, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(bmm, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(baddbmm, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(matmul, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(linear, lower_precision_fp)
 }
 
 // ---- what Python reads --------------------------------------------------------------------------------------
