@@ -24,8 +24,9 @@ from collections import deque
 
 from torchtitan.tools.logging import logger
 
+from neuron_qwen3.settings import MIN_HISTORY
+
 DIVERGED = 3  # the worker's exit status; torchrun, and so the launcher, then exit 1 as for any failed worker
-MIN_HISTORY = 5
 RELATIVE_FLOOR = 0.03
 TORCHTITAN_NOT_FINITE = re.compile(r"Loss is not finite \(global_avg_loss=(\S+?)\) at step (\d+)")
 
@@ -40,10 +41,7 @@ class Diverged(SystemExit):
 
 class LossWatch:
     def __init__(self, policy: str = "stop", window: int = 20, factor: float = 10.0):
-        if window < MIN_HISTORY or not factor > 0:
-            raise ValueError(
-                f"--divergence.window={window} must be at least {MIN_HISTORY} and --divergence.factor={factor} above 0"
-            )
+        """`window` and `factor` as settings.Divergence checks them."""
         self.policy, self.factor = policy, factor
         self.losses = deque(maxlen=window)
 
