@@ -51,19 +51,33 @@ def run_scenario(name: str, *args: str, nproc: int = 1, timeout: int = 300) -> s
     if nproc == 1:
         cmd = [sys.executable, script, *args]
     else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={nproc}",
-            "--rdzv_backend",
-            "c10d",
-            "--rdzv_endpoint",
-            "localhost:0",
-            script,
-            *args,
-        ]
+        cmd = [*torchrun(nproc), script, *args]
     return subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def torchrun(nproc: int) -> list:
+    """torchrun's command for `nproc` local ranks, its rendezvous on a free local port; the script follows."""
+    rendezvous = ["--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0"]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *rendezvous]
+
+
+def launcher_errors(tmp_path, timeout: int = 300, **env) -> tuple[int, list]:
+    """`python -m entrypoint` at smoke scale with `env` and no other variable: (exit status, stderr lines less
+    the warnings)."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": os.environ["PYTHONPATH"],
+        "SCALE": "smoke",
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "CACHE_DIR": str(tmp_path / "cache"),
+        **env,
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+    return result.returncode, [
+        line for line in result.stderr.splitlines() if not line.startswith("entrypoint: warning:")
+    ]
 
 
 def run_scenarios(name: str, *modes: str, nproc: int = 1) -> list:

@@ -17,35 +17,15 @@ Run: flock /tmp/neuron-qwen3-heavy.lock .venv/bin/python -m pytest tests/test_lo
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import REPO, recipes_pass
+from conftest import launcher_errors, recipes_pass
 
 from neuron_qwen3.lora import adapters, footprint
 from neuron_qwen3.lora.adapters import TARGETS
 from neuron_qwen3.settings import Lora
-
-
-def launcher(tmp_path, **env):
-    """`python -m entrypoint` at smoke scale; (status, stderr lines)."""
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": os.environ["PYTHONPATH"],
-        "SCALE": "smoke",
-        "OUTPUT_DIR": str(tmp_path / "out"),
-        "CACHE_DIR": str(tmp_path / "cache"),
-        **env,
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    lines = [line for line in result.stderr.splitlines() if not line.startswith("entrypoint: warning:")]
-    return result.returncode, lines
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +65,7 @@ def moe_stub(tmp_path_factory):
     ],
 )
 def test_bad_values_are_one_line_and_exit_2(tmp_path, env, says):
-    status, lines = launcher(tmp_path, **env)
+    status, lines = launcher_errors(tmp_path, timeout=120, **env)
     assert status == 2 and len(lines) == 1 and lines[0].startswith(f"entrypoint: {says}"), lines
 
 
@@ -139,7 +119,7 @@ def test_an_adapter_whose_base_is_nowhere_is_one_line_and_exit_2(tmp_path):
             }
         )
     )
-    status, lines = launcher(tmp_path, INIT_FROM=str(tmp_path / "adapter"))
+    status, lines = launcher_errors(tmp_path, timeout=120, INIT_FROM=str(tmp_path / "adapter"))
     assert status == 2 and len(lines) == 1, lines
     assert "its base model '/gone/base' is not a folder here" in lines[0]
 

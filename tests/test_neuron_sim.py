@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import torchrun
+
 REPO = Path(__file__).resolve().parent.parent
 SIM = REPO / "tests" / "neuron_sim"
 SITE = SIM / "site"
@@ -172,17 +174,7 @@ def test_torchtitan_picks_neuron_when_the_sim_loads_at_start_up():
 @pytest.mark.training
 def test_neuron_process_group_sums_across_two_ranks():
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--rdzv_backend",
-            "c10d",
-            "--rdzv_endpoint",
-            "localhost:0",
-            str(SIM / "check_collectives.py"),
-        ],
+        [*torchrun(2), str(SIM / "check_collectives.py")],
         env=sim_env(),
         capture_output=True,
         text=True,

@@ -10,14 +10,11 @@ Run: .venv/bin/python -m pytest tests/test_settings.py -q
 """
 
 import dataclasses
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, recipes_pass
+from conftest import launcher_errors, recipes_pass
 from entrypoint import contract, values
 from neuron_qwen3 import config_registry, settings
 from neuron_qwen3.prelaunch import preflight
@@ -129,18 +126,5 @@ def test_the_pre_launch_answer_is_the_sections_line(tmp_path):
 
 
 def test_the_launcher_prints_one_line_and_exits_2(tmp_path):
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": os.environ["PYTHONPATH"],
-        "SCALE": "smoke",
-        "OUTPUT_DIR": str(tmp_path / "out"),
-        "CACHE_DIR": str(tmp_path / "cache"),
-        "EXTRA_ARGS": "--divergence.factor=-1",
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    lines = [line for line in result.stderr.splitlines() if not line.startswith("entrypoint: warning:")]
-    assert result.returncode == 2 and lines == ["entrypoint: --divergence.factor=-1.0 is not a positive number"], (
-        result.stderr
-    )
+    status, lines = launcher_errors(tmp_path, EXTRA_ARGS="--divergence.factor=-1")
+    assert status == 2 and lines == ["entrypoint: --divergence.factor=-1.0 is not a positive number"], lines
