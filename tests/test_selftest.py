@@ -1,5 +1,6 @@
 """The trn2 self-test's plumbing, off Neuron: verdict lines, the first failure's exit, the off-Neuron exit 2,
-the kernel comparison (with the stand-in Neuron packages of test_nki_kernels.py) and the native-steps verdict.
+the kernel comparisons (with the stand-in Neuron packages of test_nki_kernels.py and test_attention_nki.py), the
+per-LNC child checks and the native-steps verdict.
 
 Run: .venv/bin/python -m pytest tests/test_selftest.py -q
 
@@ -14,9 +15,12 @@ import sys
 import pytest
 
 from conftest import REPO, launcher_at
+from test_attention_nki import stand_in_neuron_packages as stand_in_attention_packages
 from test_nki_kernels import stand_in_neuron_packages
 
 from entrypoint import cli, contract
+from neuron_qwen3 import config_registry
+from neuron_qwen3.attention import nki_kernels as attention_kernels
 from neuron_qwen3.prelaunch import selftest
 from neuron_qwen3.moe import nki_kernels
 
@@ -93,6 +97,101 @@ def test_kernel_comparison_fails_on_a_wrong_kernel(stand_in_kernels, monkeypatch
     monkeypatch.setattr(stand_in_kernels, "moe_cte", off_by_five_percent)
     with pytest.raises(selftest.Failed, match=r"output error 5\.\de-02 \(tolerance 0.01\)"):
         selftest.compare_kernels(selftest.SHAPES[0], "cpu")
+
+
+@pytest.fixture
+def stand_in_attention(monkeypatch):
+    calls = []
+    for name, module in stand_in_attention_packages(calls).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    attention_kernels._kernel_ops.cache_clear()
+    yield sys.modules["nkilib.core.attention.attention_cte"], sys.modules["nkilib.core.attention.attention_bwd"]
+    attention_kernels._kernel_ops.cache_clear()
+
+
+def test_attention_shapes_fit_the_kernels():
+    """The smoke window is the smoke configs' seq_len, and every window is one both kernels take at both LNCs."""
+    assert sum(selftest.ATTENTION_SHAPES[0].documents[0]) == config_registry.native_qwen3_smoke().training.seq_len
+    for shape in selftest.ATTENTION_SHAPES:
+        [length] = {sum(row) for row in shape.documents}
+        assert len(shape.documents[0]) > 1 and any(n % 128 for row in shape.documents for n in row)
+        for lnc in selftest.LNC_ORDER:
+            attention_kernels.check_kernel_shapes(shape.head_dim, length, lnc)
+
+
+def test_attention_comparison_passes_within_the_tolerances(stand_in_attention):
+    verdict = selftest.compare_attention(selftest.ATTENTION_SHAPES[0], "cpu")  # through the stand-ins on CPU
+    assert verdict.startswith("D=32 Hq=4 Hkv=2 L=256 documents 100+37+119, 256: output error "), verdict
+    assert "(tolerance 0.02), lse " in verdict and "gradients " in verdict and "(tolerance 0.03)" in verdict
+
+
+def _off_by_five_percent_output(cte, bwd):
+    def wrong(**kwargs):
+        out, neg_max, sum_recip = cte(**kwargs)
+        return out * 1.05, neg_max, sum_recip
+
+    return wrong, bwd
+
+
+def _lse_off_by_005(cte, bwd):
+    def wrong(**kwargs):
+        out, neg_max, sum_recip = cte(**kwargs)
+        return out, neg_max - 0.05, sum_recip
+
+    return wrong, bwd
+
+
+def _dv_off_by_five_percent(cte, bwd):
+    def wrong(**kwargs):
+        dq, dk, dv = bwd(**kwargs)
+        return dq, dk, dv * 1.05
+
+    return cte, wrong
+
+
+WRONG_ATTENTION = {
+    "output": (_off_by_five_percent_output, r"output error 5\.\de-02 \(tolerance 0.02\)"),
+    "lse": (_lse_off_by_005, r"lse 5\.\de-02 \(tolerance 0.02\)"),
+    "dv": (_dv_off_by_five_percent, r"gradients 5\.\de-02 \(tolerance 0.03\)"),
+}
+
+
+@pytest.mark.parametrize("wrong", list(WRONG_ATTENTION))
+def test_attention_comparison_fails_on_a_wrong_kernel(stand_in_attention, monkeypatch, wrong):
+    cte_module, bwd_module = stand_in_attention
+    breaking, message = WRONG_ATTENTION[wrong]
+    cte, bwd = breaking(cte_module.attention_cte, bwd_module.attention_bwd)
+    monkeypatch.setattr(cte_module, "attention_cte", cte)
+    monkeypatch.setattr(bwd_module, "attention_bwd", bwd)
+    with pytest.raises(selftest.Failed, match=message):
+        selftest.compare_attention(selftest.ATTENTION_SHAPES[0], "cpu")
+
+
+def test_each_kernel_family_runs_at_each_lnc_in_a_child(monkeypatch, capsys):
+    assert [name for name, _ in selftest.CHECKS] == [
+        "runtime",
+        "nki_moe LNC 2",
+        "nki_moe LNC 1",
+        "attention LNC 2",
+        "attention LNC 1",
+        "native",
+    ]
+    ran = []
+
+    def child(argv, env, capture_output, text):
+        ran.append((argv[-2:], env["NEURON_LOGICAL_NC_CONFIG"]))
+        line = "self-test: FAIL attention LNC 1: boom" if argv[-1] == "1" else "self-test: PASS attention LNC 2: fine"
+        return subprocess.CompletedProcess(argv, 0 if argv[-1] == "2" else 1, stdout=line + "\n", stderr="")
+
+    monkeypatch.setattr(selftest.subprocess, "run", child)
+    assert selftest.check_kernels(2, "attention") == "fine"
+    with pytest.raises(selftest.Failed, match=r"the LNC 1 attention checks stopped \(exit 1\): boom"):
+        selftest.check_kernels(1, "attention")
+    assert ran == [(["attention", "2"], "2"), (["attention", "1"], "1")]
+
+    monkeypatch.setitem(selftest.CHILD_CHECKS, "attention", lambda lnc: f"ran at LNC {lnc}")
+    assert selftest.main(["attention", "1"]) == 0
+    assert capsys.readouterr().out == "self-test: PASS attention LNC 1: ran at LNC 1\n"
 
 
 def test_native_verdict():

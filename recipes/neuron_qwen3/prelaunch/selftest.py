@@ -4,6 +4,9 @@
     nki_moe      the NKI MoE forward and backward against the PyTorch reference on shapes the kernels take, at
                  LNC 2 and LNC 1 (a process each: the runtime reads the LNC once), every error printed against the
                  bf16 tolerance the CPU tests hold the reference to
+    attention    nkilib's attention forward and backward (attention/nki_kernels.py) against the PyTorch reference
+                 on packed windows of several documents, the smoke model's heads and Qwen3-4B's, at LNC 2 and
+                 LNC 1 (a process each), every error printed against ATTENTION_TOLERANCE
     native       three native smoke steps on one NeuronCore, through the article's command typed as by hand
 
 The launcher runs `python -m neuron_qwen3.prelaunch.selftest` when it found Neuron devices; the first failure stops
@@ -56,6 +59,35 @@ SHAPES = (
         256,
     ),
 )
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    name: str
+    heads: int  # Hq
+    kv_heads: int  # Hkv
+    head_dim: int  # D
+    documents: tuple[tuple[int, ...], ...]  # each batch row's document lengths, one packed window per row
+
+
+# The smoke model's heads in its 256-token window (the smoke configs' seq_len), two rows; Qwen3-4B's in a 4096-token
+# window, one row. Several documents per window, of lengths no multiple of 128.
+ATTENTION_SHAPES = (
+    AttentionShape(
+        "smoke", shapes.SMOKE.n_heads, shapes.SMOKE.n_kv_heads, shapes.SMOKE.head_dim, ((100, 37, 119), (256,))
+    ),
+    AttentionShape(
+        "4b",
+        shapes.FLAVORS["4B"].n_heads,
+        shapes.FLAVORS["4B"].n_kv_heads,
+        shapes.FLAVORS["4B"].head_dim,
+        ((1000, 37, 2048, 1011),),
+    ),
+)
+# bf16 against the reference's fp32 maths, as max |error| / max |expected| (lse: max |error|, it is a log). A CPU
+# emulation of the kernels' bf16 roundings (q * scale, the probabilities and dS rounded to bf16) measured on these
+# shapes: output 4.7e-3, lse 5.7e-3, gradients 6.3e-3.
+ATTENTION_TOLERANCE = {"output": 2e-2, "lse": 2e-2, "gradients": 3e-2}
 
 
 class Failed(Exception):
@@ -142,14 +174,64 @@ def compare_kernels(shape: Shape, device: str, lnc: int = 2, seed: int = 0) -> s
     return verdict
 
 
+def compare_attention(shape: AttentionShape, device: str, lnc: int = 2, seed: int = 0) -> str:
+    """attention_forward/backward on `device` (nkilib's kernels on Neuron), the backward fed the forward's own out
+    and lse, against reference_forward/backward on CPU, in bf16."""
+    import torch
+
+    from neuron_qwen3.attention import nki_kernels
+    from neuron_qwen3.attention.reference import reference_backward, reference_forward
+
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.stack(
+        [torch.cat([torch.full((n,), sum(row[:i])) for i, n in enumerate(row)]) for row in shape.documents]
+    ).to(torch.int32)
+    batch, length = starts.shape
+    heads = lambda h: torch.randn(batch, h, length, shape.head_dim, generator=gen).to(torch.bfloat16)  # noqa: E731
+    q, k, v, grad_out = heads(shape.heads), heads(shape.kv_heads), heads(shape.kv_heads), heads(shape.heads)
+    scale = shape.head_dim**-0.5
+
+    ref_out, ref_lse = reference_forward(q, k, v, starts, scale)
+    ref_grads = reference_backward(grad_out, q, k, v, ref_out, ref_lse, starts, scale)
+
+    dev_q, dev_k, dev_v, dev_starts, dev_grad = (t.to(device) for t in (q, k, v, starts, grad_out))
+    out, lse = nki_kernels.attention_forward(dev_q, dev_k, dev_v, dev_starts, scale, lnc)
+    grads = nki_kernels.attention_backward(dev_grad, dev_q, dev_k, dev_v, out, lse, dev_starts, scale, lnc)
+
+    tolerance = ATTENTION_TOLERANCE
+    out_err = relative_error(out, ref_out)
+    lse_err = float((lse.detach().float().cpu() - ref_lse.float()).abs().max())
+    grad_err = max(relative_error(got, want) for got, want in zip(grads, ref_grads))
+    windows = ", ".join("+".join(map(str, row)) for row in shape.documents)
+    verdict = (
+        f"D={shape.head_dim} Hq={shape.heads} Hkv={shape.kv_heads} L={length} documents {windows}: output error "
+        f"{out_err:.1e} (tolerance {tolerance['output']:g}), lse {lse_err:.1e} (tolerance {tolerance['lse']:g}), "
+        f"gradients {grad_err:.1e} (tolerance {tolerance['gradients']:g})"
+    )
+    if not (out_err <= tolerance["output"] and lse_err <= tolerance["lse"] and grad_err <= tolerance["gradients"]):
+        raise Failed(verdict)
+    return verdict
+
+
 def kernel_checks(lnc: int) -> str:
-    """`kernels LNC`, in this process: every shape at this LNC (the runtime's, set by check_kernels)."""
+    """`nki_moe LNC`, in this process: every shape at this LNC (the runtime's, set by check_kernels)."""
     import torch_neuronx  # noqa: F401  the neuron device, before the kernels' tensors need it
 
     return "; ".join(compare_kernels(shape, "neuron", lnc) for shape in SHAPES)
 
 
-def check_kernels(lnc: int) -> str:
+def attention_checks(lnc: int) -> str:
+    """`attention LNC`, in this process: every attention shape at this LNC."""
+    import torch_neuronx  # noqa: F401  the neuron device, before the kernels' tensors need it
+
+    return "; ".join(compare_attention(shape, "neuron", lnc) for shape in ATTENTION_SHAPES)
+
+
+# The checks that run in a child process per LNC: `python -m neuron_qwen3.prelaunch.selftest NAME LNC`.
+CHILD_CHECKS = {"nki_moe": kernel_checks, "attention": attention_checks}
+
+
+def check_kernels(lnc: int, name: str = "nki_moe") -> str:
     from neuron_qwen3.quirks import devices
 
     # The compiler's --lnc must equal the runtime's (error NCC_EVRF066); the last --lnc in NEURON_CC_FLAGS wins.
@@ -159,7 +241,7 @@ def check_kernels(lnc: int) -> str:
         NEURON_CC_FLAGS=f"{devices.environment().get('NEURON_CC_FLAGS', '')} --lnc={lnc}",
     )
     result = subprocess.run(
-        [sys.executable, "-m", "neuron_qwen3.prelaunch.selftest", "kernels", str(lnc)],
+        [sys.executable, "-m", "neuron_qwen3.prelaunch.selftest", name, str(lnc)],
         env=env,
         capture_output=True,
         text=True,
@@ -171,7 +253,7 @@ def check_kernels(lnc: int) -> str:
             if last.startswith("FAIL ")
             else (result.stderr.strip().splitlines() or ["no output"])[-1]
         )
-        raise Failed(f"the LNC {lnc} kernel checks stopped (exit {result.returncode}): {tail}")
+        raise Failed(f"the LNC {lnc} {name} checks stopped (exit {result.returncode}): {tail}")
     return last.partition(": ")[2]
 
 
@@ -231,15 +313,20 @@ def run_checks(checks, stream=None) -> int:
 
 CHECKS = (
     ("runtime", check_runtime),
-    *((f"nki_moe LNC {lnc}", lambda lnc=lnc: check_kernels(lnc)) for lnc in LNC_ORDER),
+    *(
+        (f"{name} LNC {lnc}", lambda lnc=lnc, name=name: check_kernels(lnc, name))
+        for name in CHILD_CHECKS
+        for lnc in LNC_ORDER
+    ),
     ("native", check_native),
 )
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 2 and argv[0] == "kernels" and argv[1] in ("1", "2"):
-        return run_checks([(f"nki_moe LNC {argv[1]}", lambda: kernel_checks(int(argv[1])))])
+    if len(argv) == 2 and argv[0] in CHILD_CHECKS and argv[1] in ("1", "2"):
+        name, lnc = argv[0], int(argv[1])
+        return run_checks([(f"{name} LNC {lnc}", lambda: CHILD_CHECKS[name](lnc))])
     return run_checks(CHECKS)
 
 
