@@ -435,6 +435,14 @@ VARS = (
         "nki_moe expert kernel: `auto` is NKI on Neuron, the PyTorch reference elsewhere",
         flag="--neuron.moe_kernel",
     ),
+    Var(
+        "NEURON_QWEN3_ATTENTION_KERNEL",
+        "auto",
+        choice("auto", "nki", "reference"),
+        "attention: `auto` is the NKI kernels on Neuron and flex attention elsewhere; `reference` is their "
+        "PyTorch maths on any device",
+        flag="--neuron.attention_kernel",
+    ),
     # ---- multi-node: plain variables win over an engine's, field by field
     Var("NNODES", None, positive_int, "nodes in the job; default PET_NNODES, SLURM_NNODES, else 1", "rendezvous"),
     Var(

@@ -1,11 +1,12 @@
 """`finish`: the one place a config is completed with every setting derived from it, the world and the device.
 
 A config function returns what the user chose (its values, then the flags); what follows from those choices is
-derived here, once: float32 on CPU, the NKI experts' kwargs, Hugging Face compatibility, LoRA, the MoE routers'
-loss coefficient and freeze, the tokenizer folder, the validation split, EPOCHS' steps, the fine-tuning learning
-rate and warm-up, the global batch. The pre-launch pass (prelaunch/preflight.py) and every worker
-(trainer.RunHooks) call it on the same parsed flags, and nothing writes the config after it, so `--dry-run` prints
-exactly what the workers train (the run report keeps the workers' copy: report/config.json).
+derived here, once: float32 on CPU, the NKI experts' kwargs, the attention without Inductor, Hugging Face
+compatibility, LoRA, the MoE routers' loss coefficient and freeze, the tokenizer folder, the validation split,
+EPOCHS' steps, the fine-tuning learning rate and warm-up, the global batch. The pre-launch pass
+(prelaunch/preflight.py) and every worker (trainer.RunHooks) call it on the same parsed flags, and nothing writes
+the config after it, so `--dry-run` prints exactly what the workers train (the run report keeps the workers' copy:
+report/config.json).
 """
 
 import dataclasses
@@ -24,6 +25,7 @@ from neuron_qwen3.settings import Lora
 # The override.imports entry that swaps the nki_moe experts (moe/experts.py), named without importing it: a
 # torchtitan without the override registry still runs the other variants.
 NKI_EXPERTS = "neuron_qwen3.moe.experts.nki_grouped_experts"
+DOCUMENT_ATTENTION = "neuron_qwen3.attention.document.document_attention"  # the same for native's attention
 
 CPU_FLOAT32 = (
     "precision: float32 (--training.mixed_precision_param float32{experts}): full scale on CPU, where "
@@ -51,15 +53,17 @@ def _nki_entries(overrides):
 
 def cpu_float32(config, kind: str) -> str | None:
     """On CPU (`kind`, the device the worker trains on), a full-scale config computes in float32, as the bench
-    configs do on CPU; a config of the user's own (no report.scale) decides its own. Off Neuron, a run computing
-    in float32 (so, or by --training.mixed_precision_param float32) has its nki_moe experts compute in float32
-    too: they cast to bf16 themselves, which on Neuron the kernels need. Returns the line that says what full
-    scale on CPU changed, or None."""
+    configs do on CPU; a config of the user's own (no report.scale) decides its own. Unless nkilib's kernels
+    compute them (they take bf16), a run computing in float32 (so, or by --training.mixed_precision_param float32)
+    has its nki_moe experts compute in float32 too: they cast to bf16 themselves otherwise. Returns the line that
+    says what full scale on CPU changed, or None."""
     full_on_cpu = kind == "cpu" and config.report.scale == "full" and config.cpu_float32
     if full_on_cpu:
         config.training.mixed_precision_param = "float32"
     experts = ""
-    if kind != "neuron" and config.training.mixed_precision_param == "float32":
+    kernel = config.neuron.moe_kernel
+    on_kernels = kernel == "nki" or (kernel == "auto" and kind == "neuron")  # moe.experts.kernel_path
+    if not on_kernels and config.training.mixed_precision_param == "float32":
         for i, kwargs in list(_nki_entries(config.override)):
             config.override.imports[i] = (NKI_EXPERTS, {**kwargs, "compute_dtype": "float32"})
             experts = ", nki_moe experts compute_dtype float32"
@@ -73,6 +77,26 @@ def configure_nki_experts(overrides, neuron) -> None:
             NKI_EXPERTS,
             {"kernel": neuron.moe_kernel, "logical_nc_config": neuron.logical_nc_config, **kwargs},
         )
+
+
+def configure_attention(config, kind: str) -> str | None:
+    """On Neuron, or with `--neuron.attention_kernel` nki or reference, document attention (attention/) in place of
+    torchtitan's flex attention, which needs Inductor: for torchtitan's models through the override registry, for
+    the transformers model (v5) through transformers' attention interface. Returns the line saying so, or None."""
+    from neuron_qwen3.attention import document
+
+    neuron = config.neuron
+    if not document.replaces_flex(neuron.attention_kernel, kind):
+        return None
+    settings = {"kernel": neuron.attention_kernel, "logical_nc_config": neuron.logical_nc_config}
+    if hasattr(config.model_spec.model, "layers"):  # torchtitan's Decoder
+        kept = [e for e in config.override.imports if (e if isinstance(e, str) else e[0]) != DOCUMENT_ATTENTION]
+        config.override.imports = [*kept, (DOCUMENT_ATTENTION, settings)]
+    else:
+        document.use_in_transformers(config.model_spec.model, neuron.attention_kernel, neuron.logical_nc_config)
+        config.model_spec.model.attn_implementation = document.ATTENTION_NAME  # what transformers' config loads
+    path = document.kernel_path(neuron.attention_kernel, kind)
+    return f"attention: document-causal, {'nkilib kernels' if path == 'nki' else 'PyTorch reference'} (no Inductor)"
 
 
 def configure_validation(config) -> None:
@@ -144,6 +168,8 @@ def finish(config, world: int, kind: str) -> Finished:
     precision = cpu_float32(config, kind)
     done.lines += [precision] if precision else []
     configure_nki_experts(config.override, config.neuron)
+    attention = configure_attention(config, kind)
+    done.lines += [attention] if attention else []
     weights.hf_compatible(config)  # before the model is built
     done.lora = folders.resolve(config)  # an initial load naming a PEFT adapter: its base is loaded instead
     if done.lora:

@@ -109,6 +109,10 @@ class Neuron(Section):
     """Physical NeuronCores per logical core (NEURON_LOGICAL_NC_CONFIG): the NKI kernels' and the MFU peak's LNC."""
     moe_kernel: Literal["auto", "nki", "reference"] = "auto"
     """nki_moe expert kernel: auto is NKI on Neuron and the PyTorch reference elsewhere."""
+    attention_kernel: Literal["auto", "nki", "reference"] = "auto"
+    """Attention: auto is nkilib's kernels on Neuron and torchtitan's flex attention elsewhere; nki or reference
+    put document attention (attention/) in flex's place on any device, on those kernels or their PyTorch
+    reference."""
 
 
 @dataclass(kw_only=True, slots=True)

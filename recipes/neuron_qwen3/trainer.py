@@ -18,6 +18,8 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from neuron_qwen3 import data
+from neuron_qwen3.attention import document
+from neuron_qwen3.attention.masks import DocumentMask
 from neuron_qwen3.finish import finish
 from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import folders, footprint
@@ -56,6 +58,7 @@ class RunHooks(Trainer):
 
     def __init__(self, config):
         self.device_kind = devices.set_up(config.device)  # before the trainer touches a device (devices.py)
+        self.document_attention = document.replaces_flex(config.neuron.attention_kernel, self.device_kind)
         titan_logs.install(project_mfu=True)  # torchtitan's A100 peak lines: the run report turns its MFU off
         self.stop_watch = stop.StopWatch(config.stop.enable)  # a signal during set-up ends the run at step 1
         try:
@@ -67,7 +70,7 @@ class RunHooks(Trainer):
         self.loss_watch = divergence.LossWatch(d.policy, d.window, d.factor)  # a NaN or a spike stops the run
         self.stop_watch.join(config.comm)
         self.first_step = None
-        prepare = super().post_dataloading_process  # torchtitan's data step, for the extras' own forward passes
+        prepare = self.prepare_inputs  # the data step less the run hooks', for the extras' own forward passes
         try:
             self.dpo, self.held_out_dpo = preference.dpo_losses(self, prepare)  # METHOD=dpo; (None, None) under SFT
             self.sampler = samples.Sampler(self, prepare) if config.samples.prompts else None  # SAMPLE_PROMPTS
@@ -124,12 +127,23 @@ class RunHooks(Trainer):
         a pairs window's `record`s; with DPO, the reference's pass on the micro-step (before the router watch
         records the policy's)."""
         real, records = input_dict.pop("real", None), input_dict.pop("record", None)
-        inputs, labels, extra = super().post_dataloading_process(input_dict, labels)
+        inputs, labels, extra = self.prepare_inputs(input_dict, labels)
         if self.dpo is not None:
             self.dpo.reference_pass(inputs, labels, extra, records)
         if self.router_watch is not None:
             self.router_watch.start(real)
         return inputs, labels, extra
+
+    def prepare_inputs(self, input_dict, labels):
+        """torchtitan's data step; under document attention (attention/), each window's DocumentMask is the
+        attention mask, built here as torchtitan builds its BlockMask there."""
+        inputs, labels, extra = super().post_dataloading_process(input_dict, labels)
+        return inputs, labels, self.with_document_mask(extra)
+
+    def with_document_mask(self, extra: dict) -> dict:
+        if self.document_attention and extra.get("positions") is not None:
+            extra["attention_masks"] = DocumentMask.of(extra["positions"])
+        return extra
 
     def training_loss(self, pred, labels, global_valid_tokens, **kwargs):
         """What a micro-step trains on: the data's cross-entropy, or the DPO loss under METHOD=dpo; then, on a MoE
@@ -167,6 +181,7 @@ class RunHooks(Trainer):
         """The validator's data step (torchtitan's), with DPO's reference pass on the held-out pairs after it."""
         records = input_dict.pop("record", None)
         inputs, labels, extra = self.titan_validation_prepare(input_dict, labels, model_parts)
+        extra = self.with_document_mask(extra)
         if self.held_out_dpo is not None:
             self.held_out_dpo.reference_pass(inputs, labels, extra, records)
         return inputs, labels, extra
