@@ -62,5 +62,6 @@ def test_without_torch_neuronx_auto_is_the_cpu_and_neuron_one_line(tmp_path):
     neuron = set_up(tmp_path, "neuron", with_torch_neuronx=False)
     assert neuron.returncode == 1 and neuron.stdout == ""
     assert neuron.stderr.strip().splitlines() == [
-        "neuron_qwen3: device neuron, but torch_neuronx is not importable: run the Neuron image on a Trainium host"
+        "neuron_qwen3: device neuron, but no neuron device is registered and torch_neuronx is not importable: "
+        "run the Neuron image on a Trainium host"
     ]

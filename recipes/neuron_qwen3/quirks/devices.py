@@ -28,7 +28,10 @@ def rebind(home, name: str, value) -> None:
 
 
 def _neuron_registered() -> bool:
-    """Import torch_neuronx, which registers the `neuron` device; False where it is not installed."""
+    """Is `neuron` a device of this process? TorchNeuron registers it when torch is imported (PyTorch's backend
+    autoload); otherwise importing torch_neuronx does. False where neither has."""
+    if torch._utils._get_available_device_type() == "neuron":
+        return True
     try:
         import torch_neuronx  # noqa: F401
     except ImportError:
@@ -52,8 +55,8 @@ def set_up(kind: str) -> str:
     if kind == "neuron":
         if not _neuron_registered():
             sys.exit(
-                "neuron_qwen3: device neuron, but torch_neuronx is not importable: run the Neuron image on a "
-                "Trainium host"
+                "neuron_qwen3: device neuron, but no neuron device is registered and torch_neuronx is not "
+                "importable: run the Neuron image on a Trainium host"
             )
         rebind(tt_utils, "device_type", "neuron")
         rebind(tt_utils, "device_module", torch._utils._get_device_module("neuron"))
