@@ -195,9 +195,12 @@ def test_neuron_process_group_sums_across_two_ranks():
             "allreduce",
             "all_gather_into_tensor",
             "reduce_scatter_tensor",
+            "reduce_scatter_tensor",
             "broadcast",
             "barrier",
             "allreduce",
         ]
-        assert rank["collectives"][1] == ["allreduce", "bfloat16", 2]
+        assert rank["collectives"][1] == ["allreduce", "bfloat16", 2, "AVG"]
+        assert rank["collectives"][4] == ["reduce_scatter_tensor", "float32", 4, "PREMUL_SUM"]
     assert [r["reduce_scatter"] for r in ranks] == [[0.0, 2.0], [4.0, 6.0]]
+    assert [r["premul_sum"] for r in ranks] == [[0.0, 1.0], [2.0, 3.0]]

@@ -34,6 +34,8 @@ def main() -> None:
     dist.all_gather_single(gathered, torch.full((2,), float(rank), device=device))
     scattered = torch.empty(2, device=device)
     dist.reduce_scatter_single(scattered, torch.arange(2.0 * world, device=device))
+    premultiplied = torch.empty(2, device=device)  # FSDP2's gradient reduce-scatter: each input scaled, then summed
+    dist.reduce_scatter_single(premultiplied, torch.arange(2.0 * world, device=device), dist._make_nccl_premul_sum(0.5))
     sent = torch.full((3,), float(rank), device=device)
     dist.broadcast(sent, src=world - 1)
     dist.barrier()
@@ -48,11 +50,14 @@ def main() -> None:
                 "backend": backend,
                 "backend_name": group._get_backend_name(),
                 "group_name": group.group_name,
-                "devices": sorted({t.device.type for t in (summed, averaged, gathered, scattered, sent, functional)}),
+                "devices": sorted(
+                    {t.device.type for t in (summed, averaged, gathered, scattered, premultiplied, sent, functional)}
+                ),
                 "all_reduce": summed.cpu().tolist(),
                 "avg_bf16": averaged.float().cpu().tolist(),
                 "all_gather": gathered.cpu().tolist(),
                 "reduce_scatter": scattered.cpu().tolist(),
+                "premul_sum": premultiplied.cpu().tolist(),
                 "broadcast": sent.cpu().tolist(),
                 "functional": functional.cpu().tolist(),
                 "collectives": [list(c) for c in process_group.COLLECTIVES],

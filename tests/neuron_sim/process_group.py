@@ -3,9 +3,11 @@
 TorchNeuron registers a c10d backend named `neuron` for the `neuron` device; torchtitan 0.3.0 picks it from
 `Backend.default_device_backend_map["neuron"]`. Here the creator returns a Python `ProcessGroup` subclass whose
 collectives copy neuron tensors to the host, run gloo's collective there, and copy the result back (host tensors
-go to gloo as they are). Every collective is recorded (`COLLECTIVES`: name, dtype, element count).
+go to gloo as they are). Every collective is recorded (`COLLECTIVES`: name, dtype, element count, reduction).
 
-gloo has no AVG reduction: AVG is a SUM divided by the group size afterwards, as a device backend would give it.
+gloo has no AVG or PREMUL_SUM reduction: AVG is a SUM divided by the group size afterwards, PREMUL_SUM a SUM of
+each input scaled by the op's factor first, as NCCL gives them (FSDP2 reduce-scatters gradients with PREMUL_SUM).
+Whether TorchNeuron's backend takes PREMUL_SUM is not documented: the census lists each reduction used.
 Reduce-scatters are an all-reduce of the whole input and this rank's chunk of it (same numbers, more traffic).
 """
 
@@ -16,12 +18,13 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 NAME = "neuron"
-COLLECTIVES: list[tuple[str, str, int]] = []
+COLLECTIVES: list[tuple[str, str, int, str]] = []
 
 
-def _record(name: str, tensors) -> None:
+def _record(name: str, tensors, op=None) -> None:
+    reduction = "" if op is None else str(op.op if hasattr(op, "op") else op).rsplit(".", 1)[-1]
     for tensor in tensors:
-        COLLECTIVES.append((name, str(tensor.dtype).removeprefix("torch."), tensor.numel()))
+        COLLECTIVES.append((name, str(tensor.dtype).removeprefix("torch."), tensor.numel(), reduction))
 
 
 def _host(tensor: torch.Tensor) -> torch.Tensor:
@@ -45,6 +48,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
         self._group_name = group_name
         self._group_desc = ""
+        # Host tensors' collectives (torch's object collectives, DCP's save planning) go to gloo, as with a backend
+        # of "cpu:gloo,neuron:neuron": c10d then reports cpu among the group's devices.
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
 
     # ---- identity ---------------------------------------------------------------------------------------------
 
@@ -67,8 +73,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def _allreduce_host(self, hosts: list[torch.Tensor], op) -> None:
         average = op == dist.ReduceOp.AVG
+        if op == dist.ReduceOp.PREMUL_SUM:
+            for host in hosts:
+                host.mul_(op.factor)
         options = dist.AllreduceOptions()
-        options.reduceOp = dist.ReduceOp.SUM if average else op
+        options.reduceOp = dist.ReduceOp.SUM if average or op == dist.ReduceOp.PREMUL_SUM else op
         self._gloo.allreduce(hosts, options).wait()
         if average:
             for host in hosts:
@@ -77,8 +86,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
     # ---- collectives ------------------------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        _record("allreduce", tensors)
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        _record("allreduce", tensors, op)
         hosts = [_host(t) for t in tensors]
         self._allreduce_host(hosts, op)
         for host, tensor in zip(hosts, tensors):
@@ -86,8 +95,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return _done(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        _record("allreduce_coalesced", tensors)
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        _record("allreduce_coalesced", tensors, op)
         hosts = [_host(t) for t in tensors]
         for host in hosts:
             self._allreduce_host([host], op)
@@ -120,15 +129,15 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         for output, inputs in zip(outputs, input_lists):
-            _record("reduce_scatter", [output])
+            _record("reduce_scatter", [output], op)
             whole = torch.stack([_host(t).contiguous() for t in inputs])
             self._allreduce_host([whole], op)
             output.copy_(whole[self.rank()])
         return _done(outputs)
 
     def reduce_scatter_single(self, output, input, opts=None):
-        _record("reduce_scatter_tensor", [input])
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        _record("reduce_scatter_tensor", [input], op)
         whole = _host(input).clone()
         self._allreduce_host([whole], op)
         output.copy_(whole.chunk(self.size())[self.rank()].view_as(output))
@@ -160,7 +169,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return _done(tensors)
 
     def barrier(self, opts=None):
-        COLLECTIVES.append(("barrier", "", 0))
+        COLLECTIVES.append(("barrier", "", 0, ""))
         self._gloo.barrier().wait()
         return _done()
 
