@@ -1,7 +1,7 @@
 """VALIDATION through the launcher (smoke scale, CPU): the number is right, the same on 1 and 2 ranks, and shows
 over-fitting; it reaches metrics.jsonl, summary.json, loss.png and TensorBoard.
 
-Three launcher runs of the native smoke config:
+Three launcher runs of the native smoke config, over beside held then two:
   held: INIT_FROM a random Qwen3ForCausalLM saved by transformers, 51 conversations with VALIDATION=0.1 (5 held
         out: a number 2 ranks cannot share evenly), 3 steps, validation every 2 steps (1, 2, and 3 after the
         last), fp32, EXPORT_DTYPE=float32
@@ -15,6 +15,7 @@ import json
 import math
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -66,27 +67,33 @@ def runs(tmp):
     transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shape)).save_pretrained(f"{tmp}/source")
     chat = write_jsonl(f"{tmp}/chat.jsonl", conversations(RECORDS))
     common = dict(DATASET=chat, DATASET_FIELD="messages", VALIDATION=SHARE, EXPORT_DTYPE="float32")
-    held = launch(
-        tmp,
-        "held",
-        INIT_FROM=f"{tmp}/source",
-        STEPS="3",
-        VALIDATION_INTERVAL="2",
-        EXPORT_DIR=f"{tmp}/export",
-        EXTRA_ARGS=FP32,
-        **common,
-    )
-    two = launch(tmp, "two", INIT_FROM=f"{tmp}/export", STEPS="1", NPROC="2", EXTRA_ARGS=f"{FP32} {ZERO_LR}", **common)
+
+    def held_then_two():
+        held = launch(
+            tmp,
+            "held",
+            INIT_FROM=f"{tmp}/source",
+            STEPS="3",
+            VALIDATION_INTERVAL="2",
+            EXPORT_DIR=f"{tmp}/export",
+            EXTRA_ARGS=FP32,
+            **common,
+        )
+        extra = f"{FP32} {ZERO_LR}"
+        return held, launch(tmp, "two", INIT_FROM=f"{tmp}/export", STEPS="1", NPROC="2", EXTRA_ARGS=extra, **common)
+
     texts = [json.loads(line)["text"] for line in (SMOKE_CORPUS / "train.jsonl").read_text().splitlines()[:23]]
-    over = launch(
-        tmp,
-        "over",
+    over = dict(
         DATASET=write_jsonl(f"{tmp}/tiny.jsonl", [{"text": t[:120]} for t in texts[:2]]),
         VALIDATION=write_jsonl(f"{tmp}/other.jsonl", [{"text": t} for t in texts[20:23]]),
         VALIDATION_INTERVAL="5",
         STEPS="30",
         EXTRA_ARGS="--optimizer.param-groups.0.optimizer-kwargs.lr 3e-3",
     )
+    # two at a time: over is independent of held and two (two starts from held's export)
+    with ThreadPoolExecutor(2) as pool:
+        chained, over = pool.submit(held_then_two), pool.submit(launch, tmp, "over", **over)
+        (held, two), over = chained.result(), over.result()
     return {"held": held, "two": two, "over": over, "chat": chat, "export": f"{tmp}/export"}
 
 
