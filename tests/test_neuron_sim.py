@@ -184,7 +184,8 @@ def test_neuron_process_group_sums_across_two_ranks():
     ranks = sorted(results(done.stdout), key=lambda r: r["rank"])
     assert done.returncode == 0 and len(ranks) == 2, done.stdout[-3000:] + done.stderr[-3000:]
     for rank in ranks:
-        assert (rank["backend"], rank["backend_name"], rank["devices"]) == ("neuron", "neuron", ["neuron"])
+        # c10d names any plugin backend's type "custom"
+        assert (rank["backend"], rank["backend_name"], rank["devices"]) == ("neuron", "custom", ["neuron"])
         assert rank["all_reduce"] == [3.0] * 4  # 1 + 2
         assert rank["avg_bf16"] == [1.5] * 2
         assert rank["all_gather"] == [0.0, 0.0, 1.0, 1.0]
@@ -204,3 +205,28 @@ def test_neuron_process_group_sums_across_two_ranks():
         assert rank["collectives"][4] == ["reduce_scatter_tensor", "float32", 4, "PREMUL_SUM"]
     assert [r["reduce_scatter"] for r in ranks] == [[0.0, 2.0], [4.0, 6.0]]
     assert [r["premul_sum"] for r in ranks] == [[0.0, 1.0], [2.0, 3.0]]
+
+
+@pytest.mark.training
+@pytest.mark.parametrize("mode", ["upstream", "patched"])
+def test_host_tensor_collectives_need_the_neuron_adapters_gloo(mode):
+    """torchtitan's group on Neuron is the device's backend alone, which (like TorchNeuron's) takes no host tensors;
+    quirks/neuron_adapter.py adds gloo for them, and object collectives (DCP's save plan) then go through gloo."""
+    done = subprocess.run(
+        [*torchrun(2), str(SIM / "check_host_collectives.py"), mode],
+        env=sim_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    ranks = sorted(results(done.stdout), key=lambda r: r["rank"])
+    assert done.returncode == 0 and len(ranks) == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    for rank in ranks:
+        if mode == "upstream":
+            assert rank["devices"] == ["neuron"]
+            assert rank["error"] == "No backend type associated with device type cpu"
+        else:
+            assert rank["devices"] == ["cpu", "neuron"]
+            assert rank["host_all_reduce"] == [2.0, 2.0]
+            assert rank["gathered"] == ([{"rank": 0}, {"rank": 1}] if rank["rank"] == 0 else None)

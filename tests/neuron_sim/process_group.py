@@ -1,9 +1,11 @@
 """The `neuron` process-group backend of the simulated device: gloo underneath.
 
 TorchNeuron registers a c10d backend named `neuron` for the `neuron` device; torchtitan 0.3.0 picks it from
-`Backend.default_device_backend_map["neuron"]`. Here the creator returns a Python `ProcessGroup` subclass whose
-collectives copy neuron tensors to the host, run gloo's collective there, and copy the result back (host tensors
-go to gloo as they are). Every collective is recorded (`COLLECTIVES`: name, dtype, element count, reduction).
+`Backend.default_device_backend_map["neuron"]`. Here the creator returns a Python subclass of c10d's `Backend` (as
+TorchNeuron's is a C++ one) whose collectives copy neuron tensors to the host, run gloo's collective there, and copy
+the result back. Like TorchNeuron's, it is registered for the `neuron` device only: host tensors (torch's object
+collectives, DCP's save planning) need a group of "neuron:neuron,cpu:gloo", which c10d composes around it.
+Every collective is recorded (`COLLECTIVES`: name, dtype, element count, reduction).
 
 gloo has no AVG or PREMUL_SUM reduction: AVG is a SUM divided by the group size afterwards, PREMUL_SUM a SUM of
 each input scaled by the op's factor first, as NCCL gives them (FSDP2 reduce-scatters gradients with PREMUL_SUM).
@@ -15,7 +17,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import Backend, _create_work_from_future
 
 NAME = "neuron"
 COLLECTIVES: list[tuple[str, str, int, str]] = []
@@ -42,32 +44,13 @@ def _done(result=None):
     return _create_work_from_future(future)
 
 
-class NeuronProcessGroup(dist.ProcessGroup):
-    def __init__(self, store, rank: int, size: int, timeout: timedelta, group_name: str = ""):
-        super().__init__(store, rank, size)
+class NeuronBackend(Backend):
+    def __init__(self, store, rank: int, size: int, timeout: timedelta):
+        super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
-        self._group_name = group_name
-        self._group_desc = ""
-        # Host tensors' collectives (torch's object collectives, DCP's save planning) go to gloo, as with a backend
-        # of "cpu:gloo,neuron:neuron": c10d then reports cpu among the group's devices.
-        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
-
-    # ---- identity ---------------------------------------------------------------------------------------------
 
     def getBackendName(self) -> str:  # noqa: N802  (the C++ name the trampoline calls)
         return NAME
-
-    def getGroupName(self) -> str:  # noqa: N802
-        return self._group_name
-
-    def setGroupName(self, name: str) -> None:  # noqa: N802
-        self._group_name = name
-
-    def getGroupDesc(self) -> str:  # noqa: N802
-        return self._group_desc
-
-    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
-        self._group_desc = desc
 
     # ---- helpers ----------------------------------------------------------------------------------------------
 
@@ -205,14 +188,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return _done(tensors)
 
 
-def create(backend_options, pg_options=None) -> NeuronProcessGroup:
+def create(backend_options, pg_options=None) -> NeuronBackend:
     """The creator `register_backend(..., extended_api=True)` calls with c10d's _DistributedBackendOptions."""
-    return NeuronProcessGroup(
-        backend_options.store,
-        backend_options.group_rank,
-        backend_options.group_size,
-        backend_options.timeout,
-        backend_options.group_id,
+    return NeuronBackend(
+        backend_options.store, backend_options.group_rank, backend_options.group_size, backend_options.timeout
     )
 
 

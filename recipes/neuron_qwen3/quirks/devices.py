@@ -60,6 +60,9 @@ def set_up(kind: str) -> str:
             )
         rebind(tt_utils, "device_type", "neuron")
         rebind(tt_utils, "device_module", torch._utils._get_device_module("neuron"))
+        from neuron_qwen3.quirks import neuron_adapter
+
+        neuron_adapter.activate()
     elif kind == "cpu":
         from neuron_qwen3.quirks import cpu_adapter
 
