@@ -5,10 +5,13 @@ Run: .venv/bin/python -m pytest tests/test_attention.py -q
 The reference must compute what the models train with elsewhere, on the masks those components build themselves:
 - torchtitan: flex attention's forward (eager) over the BlockMask of torchtitan's own causal and packed-document
   mask mods, and the CPU path's dense attention for the gradients (flex has no backward on CPU);
-- transformers: a Qwen3 model with its eager attention, whose document mask transformers derives from packed
-  position_ids, against the same model on document attention (the v5 path);
+- transformers: a Qwen3 model on document attention (the v5 path) over a packed window, against transformers' eager
+  attention on each document alone;
 - torchtitan's Qwen3 smoke model: flex (the CPU stand-in) against the override.
+Then finish(): which runs attend through the op, and the NKI kernels' limits as one line before launch.
 """
+
+import re
 
 import pytest
 import torch
@@ -254,3 +257,64 @@ def test_torchtitan_qwen3_on_document_attention_equals_flex():
     close(ours_logits, flex_logits, 1e-5)
     for name, grad in flex_grads.items():
         close(our_grads[name], grad, 1e-5, name)
+
+
+# ---- finish(): which runs attend through the op, and the kernels' limits before launch ---------------------------
+
+
+def finished(config_name: str, kind: str, *flags):
+    from neuron_qwen3.finish import finish
+    from neuron_qwen3.prelaunch import preflight
+
+    config, problem = preflight.parse_config(["--module", "neuron_qwen3", "--config", config_name, *flags], {})
+    assert problem is None, problem
+    return config, finish(config, 1, kind)
+
+
+@pytest.mark.parametrize("config_name", ["native_qwen3_smoke", "nki_moe_qwen3_smoke"])
+def test_finish_swaps_flex_on_neuron_or_when_forced(config_name):
+    from neuron_qwen3.finish import DOCUMENT_ATTENTION
+
+    def entries(config):
+        return [e for e in config.override.imports if not isinstance(e, str) and e[0] == DOCUMENT_ATTENTION]
+
+    config, done = finished(config_name, "cpu")
+    assert entries(config) == [] and not any(line.startswith("attention:") for line in done.lines)
+    config, done = finished(config_name, "cpu", "--neuron.attention_kernel=reference")
+    assert entries(config) == [(DOCUMENT_ATTENTION, {"kernel": "reference", "logical_nc_config": 2})]
+    assert "attention: document-causal, PyTorch reference (no Inductor)" in done.lines
+    config, done = finished(config_name, "neuron", "--neuron.logical_nc_config=1")
+    assert entries(config) == [(DOCUMENT_ATTENTION, {"kernel": "auto", "logical_nc_config": 1})]
+    assert "attention: document-causal, nkilib kernels (no Inductor)" in done.lines
+
+
+def test_finish_routes_the_transformers_model_through_the_function():
+    config, _ = finished("v5_qwen3_smoke", "neuron", "--neuron.attention_kernel=reference")
+    assert config.model_spec.model.attn_implementation == document.ATTENTION_NAME
+    from transformers import AttentionInterface
+
+    assert document.ATTENTION_NAME in AttentionInterface._global_mapping
+    config, _ = finished("v5_qwen3_smoke", "cpu")
+    assert config.model_spec.model.attn_implementation != document.ATTENTION_NAME
+
+
+NOT_ON_NEURON = "needs a neuron device, and this run is on cpu (allowed here: auto, reference)"
+
+
+@pytest.mark.parametrize(
+    "config_name, kind, flags, message",
+    [
+        ("native_qwen3_smoke", "cpu", [], NOT_ON_NEURON),
+        ("native_qwen3_smoke", "neuron", ["--training.seq_len=200"], "seq_len=200"),
+        ("v5_qwen3_smoke", "neuron", ["--training.seq_len=200"], "seq_len=200"),
+    ],
+)
+def test_the_nki_kernels_limits_are_one_line_before_launch(config_name, kind, flags, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as raised:
+        finished(config_name, kind, "--neuron.attention_kernel=nki", *flags)
+    assert "\n" not in str(raised.value)
+
+
+def test_the_smoke_and_article_shapes_fit_the_kernels():
+    finished("native_qwen3_smoke", "neuron", "--neuron.attention_kernel=nki")
+    finished("v5_qwen3_smoke", "neuron", "--neuron.attention_kernel=nki")

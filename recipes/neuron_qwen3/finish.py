@@ -9,13 +9,14 @@ the config after it, so `--dry-run` prints exactly what the workers train (the r
 report/config.json).
 """
 
+import copy
 import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from neuron_qwen3 import data
+from neuron_qwen3 import data, shapes
 from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import adapters, folders
 from neuron_qwen3.moe import routing
@@ -93,10 +94,32 @@ def configure_attention(config, kind: str) -> str | None:
         kept = [e for e in config.override.imports if (e if isinstance(e, str) else e[0]) != DOCUMENT_ATTENTION]
         config.override.imports = [*kept, (DOCUMENT_ATTENTION, settings)]
     else:
-        document.use_in_transformers(config.model_spec.model, neuron.attention_kernel, neuron.logical_nc_config)
-        config.model_spec.model.attn_implementation = document.ATTENTION_NAME  # what transformers' config loads
+        model = copy.deepcopy(config.model_spec.model)  # the backend's flavors are shared by every spec it builds
+        document.use_in_transformers(model, neuron.attention_kernel, neuron.logical_nc_config)
+        model.attn_implementation = document.ATTENTION_NAME  # what transformers' config is loaded with
+        config.model_spec.model = model
     path = document.kernel_path(neuron.attention_kernel, kind)
+    if path == "nki":
+        check_attention_kernel_shapes(config, kind)
     return f"attention: document-causal, {'nkilib kernels' if path == 'nki' else 'PyTorch reference'} (no Inductor)"
+
+
+def check_attention_kernel_shapes(config, kind: str) -> None:
+    """nkilib's attention kernels run only on Neuron and take only some shapes: one line before launch (ValueError)."""
+    from neuron_qwen3.attention import nki_kernels
+
+    if kind != "neuron":
+        raise ValueError(
+            f"NEURON_QWEN3_ATTENTION_KERNEL=nki (--neuron.attention_kernel) needs a neuron device, and this run is on "
+            f"{kind} (allowed here: auto, reference)"
+        )
+    model = config.model_spec.model
+    if not hasattr(model, "layers"):  # v5: the transformers model's config.json
+        from transformers import AutoConfig
+
+        model = AutoConfig.from_pretrained(config.hf_model)
+    head_dim = shapes.of_model_config(model).head_dim
+    nki_kernels.check_kernel_shapes(head_dim, config.training.seq_len, config.neuron.logical_nc_config)
 
 
 def configure_validation(config) -> None:
