@@ -8,9 +8,11 @@ Two views of the operators:
   neuron tensor or create one, as the program issued them (before the fallback's copies).
 
 `dump(path)` writes both counters, the device-module calls and the collectives to one JSON file; `install()`
-arranges it at exit when NEURON_SIM_REPORT names a folder (one file per rank).
+arranges it at exit when NEURON_SIM_REPORT names a folder (one file per rank). `Phases` splits the same records by
+phase of a training run (census_run.py).
 """
 
+import functools
 import json
 import os
 from collections import Counter
@@ -85,3 +87,59 @@ def dump(path) -> Path:
 def dump_at_exit(folder) -> None:
     rank = os.environ.get("RANK", "0")
     dump(Path(folder) / f"rank{rank}-pid{os.getpid()}.json")
+
+
+OUTSIDE = "rest of the run"  # what no phase claims: set-up, the checkpoint's load, the close
+
+
+class Phases:
+    """The census, the device-module calls and the collectives split by phase of a run: each call of a wrapped
+    method is its phase; what happens outside every phase is OUTSIDE. A phase inside another is its own."""
+
+    def __init__(self):
+        self.records: dict = {}
+        self.stack = [OUTSIDE]
+        self.mark = self._now()
+
+    def _now(self):
+        return Counter(census()), Counter(device_module.CALLS), len(process_group.COLLECTIVES)
+
+    def _flush(self) -> None:
+        ops, calls, collectives = self._now()
+        record = self.records.setdefault(self.stack[-1], {"ops": Counter(), "calls": Counter(), "collectives": set()})
+        record["ops"] += ops - self.mark[0]
+        record["calls"] += calls - self.mark[1]
+        record["collectives"].update(tuple(c[:2] + c[3:]) for c in process_group.COLLECTIVES[self.mark[2] :])
+        self.mark = (ops, calls, collectives)
+
+    def wrap(self, owner, name: str, phase: str) -> None:
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def in_phase(*args, **kwargs):
+            self._flush()
+            self.stack.append(phase)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._flush()
+                self.stack.pop()
+
+        setattr(owner, name, in_phase)
+
+    def dump(self, path) -> Path:
+        """One JSON file: for each phase, its operators, device-module functions and collectives (name, dtype,
+        reduction), without counts."""
+        self._flush()
+        record = {
+            phase: {
+                "ops": sorted(r["ops"]),
+                "calls": sorted(r["calls"]),
+                "collectives": sorted(list(c) for c in r["collectives"]),
+            }
+            for phase, r in self.records.items()
+        }
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1, sort_keys=True))
+        return path
