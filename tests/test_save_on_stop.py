@@ -12,7 +12,7 @@ adapters over a base saved by transformers: its checkpoints hold the adapters (a
 and the restart loads the base from INIT_FROM again. The nki_moe case trains with both router losses on
 (MOE_AUX_LOSS=0.01, MOE_Z_LOSS=0.001: moe/routing.py's hooks in every forward, their gradients through the adapters
 below each router), in all three of its runs, so its bitwise resume covers them. Real torchrun runs on CPU (gloo);
-about 10-20 s each.
+about 10-20 s each. The stopped run goes alone (its time to exit is asserted), then the baseline beside the restart.
 Run: .venv/bin/python -m pytest tests/test_save_on_stop.py -q -s   (-s prints the stop-to-exit figures)
 """
 
@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import pytest
@@ -164,16 +165,24 @@ class Case(NamedTuple):
     damaged: str | None  # the damaged checkpoint planted before the restart
 
 
+def beside(first, second) -> tuple:
+    """first() and second() at once: independent launches, much of each imports on one core. Only runs that are
+    not timed go two at a time; a stop, whose time to exit is asserted, runs alone."""
+    with ThreadPoolExecutor(2) as pool:
+        one, other = pool.submit(first), pool.submit(second)
+        return one.result(), other.result()
+
+
 @functools.cache
 def runs(tmp, variant, nproc, lora) -> Case:
-    baseline = launch(env_for(tmp, "baseline", variant, nproc, lora))
-    env = env_for(tmp, "stopped", variant, nproc, lora)
+    baseline_env, env = (env_for(tmp, name, variant, nproc, lora) for name in ("baseline", "stopped"))
     stopped = launch(env, stop_after=SIGNAL_AFTER)
     left = checkpoints.scan(env["CHECKPOINT_DIR"])
     with open(f"{env['OUTPUT_DIR']}/report/summary.json") as f:
         report = json.load(f)
     damaged = None if lora or left.latest is None else plant_damaged(env["CHECKPOINT_DIR"], left.latest)
-    return Case(baseline, stopped, launch(env), env, left, report, damaged)
+    baseline, resumed = beside(lambda: launch(baseline_env), lambda: launch(env))
+    return Case(baseline, stopped, resumed, env, left, report, damaged)
 
 
 @pytest.fixture(scope="module")
@@ -358,7 +367,9 @@ def epoch_runs(tmp):
         del found["STEPS"]
         return found
 
-    return (launch(env("baseline")), launch(env("stopped"), stop_after=EPOCH_SIGNAL_AFTER), launch(env("stopped")))
+    stopped = launch(env("stopped"), stop_after=EPOCH_SIGNAL_AFTER)
+    baseline, resumed = beside(lambda: launch(env("baseline")), lambda: launch(env("stopped")))
+    return baseline, stopped, resumed
 
 
 def test_a_stop_in_the_middle_of_epoch_2_resumes_there_with_the_same_losses(tmp):
