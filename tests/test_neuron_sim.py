@@ -45,7 +45,12 @@ def results(stdout: str) -> list[dict]:
 def checks() -> dict:
     # The first run in a checkout compiles the extension (about a minute on two busy cores); later runs load it.
     done = subprocess.run(
-        [sys.executable, str(SIM / "check_device.py")], capture_output=True, text=True, timeout=900, cwd=REPO
+        [sys.executable, str(SIM / "check_device.py")],
+        env=sim_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
     )
     found = results(done.stdout)
     assert done.returncode == 0 and found, done.stdout[-3000:] + done.stderr[-3000:]
@@ -60,6 +65,7 @@ def part(checks: dict, name: str) -> dict:
 
 def test_device_builds_and_registers_as_neuron(checks):
     installed = part(checks, "install")
+    assert installed["installed_at_start"], "the site hook loads the device before the script runs"
     assert installed["backend_name"] == "neuron"
     assert installed["available_device_type"] == "neuron"
     assert installed["accelerator"] == "neuron"

@@ -42,29 +42,26 @@ def main() -> None:
     functional = funcol.all_reduce(torch.ones(3, device=device), "sum", group)
     functional = funcol.wait_tensor(functional)
 
-    print(
-        "RESULT "
-        + json.dumps(
-            {
-                "rank": rank,
-                "backend": backend,
-                "backend_name": group._get_backend_name(),
-                "group_name": group.group_name,
-                "devices": sorted(
-                    {t.device.type for t in (summed, averaged, gathered, scattered, premultiplied, sent, functional)}
-                ),
-                "all_reduce": summed.cpu().tolist(),
-                "avg_bf16": averaged.float().cpu().tolist(),
-                "all_gather": gathered.cpu().tolist(),
-                "reduce_scatter": scattered.cpu().tolist(),
-                "premul_sum": premultiplied.cpu().tolist(),
-                "broadcast": sent.cpu().tolist(),
-                "functional": functional.cpu().tolist(),
-                "collectives": [list(c) for c in process_group.COLLECTIVES],
-            }
-        ),
-        flush=True,
+    result = json.dumps(
+        {
+            "rank": rank,
+            "backend": backend,
+            "backend_name": group._get_backend_name(),
+            "group_name": group.group_name,
+            "devices": sorted(
+                {t.device.type for t in (summed, averaged, gathered, scattered, premultiplied, sent, functional)}
+            ),
+            "all_reduce": summed.cpu().tolist(),
+            "avg_bf16": averaged.float().cpu().tolist(),
+            "all_gather": gathered.cpu().tolist(),
+            "reduce_scatter": scattered.cpu().tolist(),
+            "premul_sum": premultiplied.cpu().tolist(),
+            "broadcast": sent.cpu().tolist(),
+            "functional": functional.cpu().tolist(),
+            "collectives": [list(c) for c in process_group.COLLECTIVES],
+        }
     )
+    os.write(1, f"RESULT {result}\n".encode())  # one write: both ranks share the pipe, and print writes twice
     dist.destroy_process_group()
 
 

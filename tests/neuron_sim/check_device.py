@@ -1,24 +1,20 @@
 """The simulated device's unit checks, run in a fresh interpreter by tests/test_neuron_sim.py.
 
 Installing the device renames PrivateUse1 and makes `neuron` the available device type for the whole process
-(torchtitan would pick it at import): the checks run here, not in pytest's own process, and print one JSON
+(torchtitan would pick it at import): the checks run here, in a process that loads it at start-up as every worker
+does (NEURON_SIM=1, site/ on PYTHONPATH), not in pytest's own process, and print one JSON
 object (`RESULT {...}`) that the tests read. Each check records its outcome or its exception, so one failure
 does not hide the others.
 """
 
 import copy
 import json
-import sys
-import time
 import traceback
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import neuron_sim  # noqa: E402
-from neuron_sim import build, device_module  # noqa: E402
+import neuron_sim  # loaded under this name at start-up by site/sitecustomize.py (NEURON_SIM=1), as workers load it
+from neuron_sim import build, device_module
 
 CHECKS: dict = {}
 
@@ -44,10 +40,8 @@ def run() -> dict:
 
 @check("install")
 def _install():
-    start = time.perf_counter()
-    neuron_sim.install()
     return {
-        "seconds": time.perf_counter() - start,
+        "installed_at_start": neuron_sim.installed(),
         "build_seconds": build.last_build_seconds,
         "backend_name": torch._C._get_privateuse1_backend_name(),
         "available_device_type": torch._utils._get_available_device_type(),
