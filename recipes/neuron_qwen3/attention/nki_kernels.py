@@ -1,10 +1,11 @@
 """The Neuron seam of document-causal attention: nkilib's training attention kernels as torch ops on TorchNeuron,
 and their shape limits.
 
-The only module of attention/ that touches `torch_neuronx`, `nki` or `nkilib`, and only inside functions: importing
-it is free anywhere. document.py calls `attention_forward` and `attention_backward` on a `neuron` device (or when
-the kernel is forced to nki); off Neuron they raise ImportError naming the missing package. Layouts as in
-reference.py: q [B, Hq, L, D], k/v [B, Hkv, L, D], doc_start [B, L] int32; out [B, Hq, L, D], lse [B, Hq, L] fp32.
+The only module of attention/ that touches `torch_neuronx`, `nki` (through neuron_sdk.py) or `nkilib`, and only
+inside functions: importing it is free anywhere. document.py calls `attention_forward` and `attention_backward` on a
+`neuron` device (or when the kernel is forced to nki); off Neuron they raise ImportError naming the missing package.
+Layouts as in reference.py: q [B, Hq, L, D], k/v [B, Hkv, L, D], doc_start [B, L] int32; out [B, Hq, L, D], lse [B,
+Hq, L] fp32.
 
     forward:  nkilib.core.attention.attention_cte.attention_cte, causal_mask=True, cache_softmax=True,
               tp_q=True (q [Hq, L, D]), tp_k=False (k [Hkv, D, L]), tp_out=False (out [Hq, L, D]),
@@ -46,6 +47,8 @@ is the first check there). UNCONFIRMED until then:
 import functools
 
 import torch
+
+from neuron_qwen3 import neuron_sdk
 
 __all__ = ["KERNEL_LIMITS", "attention_backward", "attention_forward", "check_kernel_shapes", "packing_bounds"]
 
@@ -94,31 +97,18 @@ def check_kernel_shapes(head_dim: int, seq_len: int, lnc: int) -> None:
         )
 
 
-def _missing(package: str, pip_name: str, error: ImportError) -> ImportError:
-    return ImportError(
-        f"nki attention kernel path: the Neuron package '{package}' is not importable ({error}). "
-        f"It comes with the Neuron SDK ({pip_name} from https://pip.repos.neuron.amazonaws.com) and "
-        f"runs only on Trainium. Off Trainium attention runs the PyTorch reference: leave "
-        f"NEURON_QWEN3_ATTENTION_KERNEL unset (or set it to 'reference')."
-    )
+SEAM = neuron_sdk.Seam("nki attention kernel path", "attention runs", "NEURON_QWEN3_ATTENTION_KERNEL")
 
 
 @functools.cache
 def _kernel_ops(lnc: int):
     """Import the Neuron packages and register the two kernels as torch ops (once per process and LNC)."""
-    try:
-        from torch_neuronx import nki_op, wrap_nki
-    except ImportError as e:
-        raise _missing("torch_neuronx", "torch-neuronx", e) from e
-    try:
-        import nki  # noqa: F401  what nkilib's kernels are written in: named here, before nkilib, for a clear error
-    except ImportError as e:
-        raise _missing("nki", "nki", e) from e
+    nki_op, wrap_nki, _ = SEAM.torch_neuronx_and_nki()  # nki named before nkilib, for a clear error
     try:
         from nkilib.core.attention.attention_bwd import attention_bwd
         from nkilib.core.attention.attention_cte import attention_cte
     except ImportError as e:
-        raise _missing("nkilib", "neuronx-cc, which bundles nkilib", e) from e
+        raise SEAM.missing("nkilib", "neuronx-cc, which bundles nkilib", e) from e
 
     @nki_op(f"neuron_qwen3_nki::attention_cte_lnc{lnc}", mutates_args={})
     def attention_cte_op(

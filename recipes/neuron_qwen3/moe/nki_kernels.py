@@ -1,6 +1,6 @@
 """The Neuron seam: nkilib's blockwise MoE kernels as torch ops on TorchNeuron, and their shape limits.
 
-The only module of the recipe that touches `torch_neuronx`, `nki` or `nkilib`, and only inside
+The only module of moe/ that touches `torch_neuronx`, `nki` (through neuron_sdk.py) or `nkilib`, and only inside
 functions: importing it is free anywhere. `experts.py` calls `moe_cte_forward` and
 `blockwise_mm_backward` when its op runs on a `neuron` device (or when its kernel is forced to nki);
 off Neuron they raise ImportError naming the missing package.
@@ -35,6 +35,8 @@ UNCONFIRMED until then:
 import functools
 
 import torch
+
+from neuron_qwen3 import neuron_sdk
 
 from neuron_qwen3.moe.layout import (
     BlockLayout,
@@ -84,31 +86,18 @@ def check_kernel_shapes(hidden_dim: int, intermediate_dim: int, block_size: int,
         )
 
 
-def _missing(package: str, pip_name: str, error: ImportError) -> ImportError:
-    return ImportError(
-        f"nki_moe kernel path: the Neuron package '{package}' is not importable ({error}). "
-        f"It comes with the Neuron SDK ({pip_name} from https://pip.repos.neuron.amazonaws.com) and "
-        f"runs only on Trainium. Off Trainium the experts run the PyTorch reference: leave "
-        f"NEURON_QWEN3_MOE_KERNEL unset (or set it to 'reference')."
-    )
+SEAM = neuron_sdk.Seam("nki_moe kernel path", "the experts run", "NEURON_QWEN3_MOE_KERNEL")
 
 
 @functools.cache
 def _kernel_ops(lnc: int):
     """Import the Neuron packages and register the two kernels as torch ops (once per process and LNC)."""
-    try:
-        from torch_neuronx import nki_op, wrap_nki
-    except ImportError as e:
-        raise _missing("torch_neuronx", "torch-neuronx", e) from e
-    try:
-        import nki
-    except ImportError as e:
-        raise _missing("nki", "nki", e) from e
+    nki_op, wrap_nki, nki = SEAM.torch_neuronx_and_nki()
     try:
         from nkilib.core.moe.moe_cte import MoECTEImplementation, MoECTESpec, ShardOnIConfig, moe_cte
         from nkilib.experimental.moe.bwd.blockwise_mm_backward import blockwise_mm_bwd
     except ImportError as e:
-        raise _missing("nkilib", "neuronx-cc, which bundles nkilib", e) from e
+        raise SEAM.missing("nkilib", "neuronx-cc, which bundles nkilib", e) from e
 
     @nki.jit(mode="trace")
     def moe_cte_training(
