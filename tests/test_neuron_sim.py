@@ -177,18 +177,18 @@ def test_torchtitan_picks_neuron_when_the_sim_loads_at_start_up():
     assert results(done.stdout) == [["neuron", "neuron_sim.device_module", True, 79e12 * 2]], done.stderr[-3000:]
 
 
-@pytest.mark.training
-def test_neuron_process_group_sums_across_two_ranks():
-    done = subprocess.run(
-        [*torchrun(2), str(SIM / "check_collectives.py")],
-        env=sim_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-    )
+def two_ranks(script: str, *args: str) -> list[dict]:
+    """Each rank's result of a tests/neuron_sim script run by torchrun on 2 ranks with the device loaded."""
+    command = [*torchrun(2), str(SIM / script), *args]
+    done = subprocess.run(command, env=sim_env(), capture_output=True, text=True, timeout=600, cwd=REPO)
     ranks = sorted(results(done.stdout), key=lambda r: r["rank"])
     assert done.returncode == 0 and len(ranks) == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    return ranks
+
+
+@pytest.mark.training
+def test_neuron_process_group_sums_across_two_ranks():
+    ranks = two_ranks("check_collectives.py")
     for rank in ranks:
         # c10d names any plugin backend's type "custom"
         assert (rank["backend"], rank["backend_name"], rank["devices"]) == ("neuron", "custom", ["neuron"])
@@ -218,17 +218,7 @@ def test_neuron_process_group_sums_across_two_ranks():
 def test_host_tensor_collectives_need_the_neuron_adapters_gloo(mode):
     """torchtitan's group on Neuron is the device's backend alone, which (like TorchNeuron's) takes no host tensors;
     quirks/neuron_adapter.py adds gloo for them, and object collectives (DCP's save plan) then go through gloo."""
-    done = subprocess.run(
-        [*torchrun(2), str(SIM / "check_host_collectives.py"), mode],
-        env=sim_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-    )
-    ranks = sorted(results(done.stdout), key=lambda r: r["rank"])
-    assert done.returncode == 0 and len(ranks) == 2, done.stdout[-3000:] + done.stderr[-3000:]
-    for rank in ranks:
+    for rank in two_ranks("check_host_collectives.py", mode):
         if mode == "upstream":
             assert rank["devices"] == ["neuron"]
             assert rank["error"] == "No backend type associated with device type cpu"
