@@ -343,3 +343,22 @@ def test_stand_in_kernel_keeps_moe_ctes_packed_layout():
     expected = (torch.nn.functional.silu(x[:3] @ w1[1].T) * (x[:3] @ w3[1].T)) @ w2[1].T
     torch.testing.assert_close(out[:3], expected)
     assert not out[3].any()
+
+
+def test_each_lnc_registers_its_own_ops(monkeypatch):
+    """torch.library refuses a second op of one name: the kernels built for LNC 2 and LNC 1 in one process (as a
+    self-test could) must be two ops each."""
+    registered = []
+
+    def nki_op(name, mutates_args):
+        assert name not in registered, f"{name} registered twice"
+        registered.append(name)
+        return lambda fn: fn
+
+    modules = stand_in_neuron_packages([])
+    modules["torch_neuronx"].nki_op = nki_op
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    nki_kernels._kernel_ops(2)
+    nki_kernels._kernel_ops(1)
+    assert len(registered) == 4 and len(set(registered)) == 4

@@ -132,7 +132,7 @@ def _kernel_ops(lnc: int):
 
     # Registration as in the torch-neuronx guide: @nki_op("ns::name", mutates_args={}) on a typed
     # function whose body calls wrap_nki(kernel)[grid](...), the grid being the LNC degree.
-    @nki_op("neuron_qwen3_nki::moe_cte", mutates_args={})
+    @nki_op(f"neuron_qwen3_nki::moe_cte_lnc{lnc}", mutates_args={})  # one op per LNC: each is built for one
     def moe_cte_op(
         hidden_states: torch.Tensor,
         expert_affinities_masked: torch.Tensor,
@@ -155,7 +155,7 @@ def _kernel_ops(lnc: int):
             expert_affinity_multiply_on_I=False,
         )
 
-    @nki_op("neuron_qwen3_nki::blockwise_mm_bwd", mutates_args={})
+    @nki_op(f"neuron_qwen3_nki::blockwise_mm_bwd_lnc{lnc}", mutates_args={})
     def blockwise_mm_bwd_op(
         hidden_states: torch.Tensor,
         expert_affinities_masked: torch.Tensor,
