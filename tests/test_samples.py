@@ -254,16 +254,6 @@ def runs(tmp):
         },
         lambda: {"v5": launch(tmp, "v5", VARIANT="v5", **dense, **common)},
         lambda: {"v5-lora": launch(tmp, "v5-lora", VARIANT="v5", LORA_RANK="4", **dense, **common)},
-        lambda: {
-            "sharegpt": launch(
-                tmp,
-                "sharegpt",
-                VARIANT="native",
-                DATASET=write(f"{tmp}/chat.jsonl", [sharegpt(PROMPTS[1])] * 16),
-                DATASET_FIELD="conversations",
-                STEPS="2",
-            )
-        },
     ]
     with ThreadPoolExecutor(2) as pool:
         return {name: run for found in pool.map(lambda chain: chain(), chains) for name, run in found.items()}
@@ -354,9 +344,9 @@ def test_a_bad_prompt_file_stops_the_launch_in_one_line(tmp_path):
 
 
 @pytest.mark.training
-def test_sharegpt_data_trains_at_smoke_scale_with_the_bundled_prompts(done):
-    """ShareGPT records (16 of one conversation), the bundled prompts, 2 steps: one of the fixture's launches."""
-    result, out = done[1]["sharegpt"]
+def test_sharegpt_data_trains_at_smoke_scale_with_the_bundled_prompts(tmp_path):
+    chat = write(tmp_path / "chat.jsonl", [sharegpt(PROMPTS[1])] * 16)
+    result, out = launch(tmp_path, "sharegpt", VARIANT="native", DATASET=chat, DATASET_FIELD="conversations", STEPS="2")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + rank_logs(out)
     rows = [json.loads(line) for line in (out / "report" / "samples.jsonl").read_text().splitlines()]
     assert {row["step"] for row in rows} == {0, 2} and all(row["tokens"] for row in rows)
