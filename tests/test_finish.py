@@ -123,6 +123,7 @@ def test_finishing_depends_on_the_flags_the_world_and_the_device_alone(tmp_path)
     assert one == again and [line.split(" (")[0] for line in lines] == ["precision: float32", "fine-tuning defaults"]
     (neuron, neuron_lines), (two, _) = finished(4, "neuron"), finished(2, "cpu")
     assert neuron["training"] != one["training"] and [line.split(" (")[0] for line in neuron_lines] == [
-        "fine-tuning defaults"
-    ]  # bf16 on Neuron
+        "attention: document-causal, nkilib kernels",
+        "fine-tuning defaults",
+    ]  # bf16 on Neuron, and attention without Inductor
     assert two["training"] != one["training"]  # the global batch follows the world
