@@ -113,5 +113,5 @@ def test_the_devices_export_is_the_cpus_and_transformers_reads_it(runs, variant)
 def test_the_census_is_what_the_runs_recorded(runs):
     records = {v: json.loads((runs[v]["census"] / "census.json").read_text()) for v in census.VARIANTS}
     assert census.render(records) == census.DOC.read_text(), (
-        "docs/neuron-ops.md is stale: regenerate it with tests/neuron_sim/census.py"
+        "docs/neuron-ops.md is stale: regenerate it with PYTHONPATH=tests:recipes tests/neuron_sim/census.py"
     )

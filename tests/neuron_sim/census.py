@@ -1,7 +1,7 @@
 """The census of what a training run asks of the `neuron` device: docs/neuron-ops.md, generated from the simulated
 device. Regenerate it (about 3 minutes on two cores) with
 
-    .venv/bin/python tests/neuron_sim/census.py
+    PYTHONPATH=tests:recipes .venv/bin/python tests/neuron_sim/census.py
 
 tests/test_neuron_sim_training.py runs the same launches on the same weights and checks that the committed file is
 what they give.
@@ -144,8 +144,7 @@ def render(records: dict) -> str:
 def main() -> int:
     import tempfile
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from test_finetune_variants import save_dense, save_moe  # the seeded smoke-shape models the test loads
+    from test_finetune_variants import save_dense, save_moe  # the seeded smoke-shape models the test loads (tests/)
 
     records = {}
     with tempfile.TemporaryDirectory() as folder:
