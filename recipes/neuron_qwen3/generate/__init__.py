@@ -1,0 +1,1 @@
+"""The generator: a KV cache at fixed shapes, prefill in length buckets, decode, sampling."""
