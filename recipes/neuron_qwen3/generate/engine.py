@@ -1,0 +1,109 @@
+"""The generator: the model being trained answers prompts with a KV cache, at the plan's shapes only.
+
+It runs the trainer's own model (torchtitan's Qwen3 for native and nki_moe, the transformers model for v5) under
+FSDP on every rank, with the weights the step just trained: no copy, no export. Prompts go in waves of `slots`;
+a wave is one prefill of its bucket and decode steps of one token per slot, a finished or empty slot masked, not
+removed. Every rank runs the same number of forward passes (FSDP gathers weights in each): the ranks agree on the
+number of waves first, and on "all finished" every `agree_every` decode steps, not every token.
+"""
+
+import collections
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from neuron_qwen3.generate import cache as kv
+from neuron_qwen3.generate.plan import Plan
+from neuron_qwen3.generate.sampling import Sampling, draw
+
+
+@dataclass
+class Completion:
+    tokens: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)  # log_softmax of the model's logits at each token drawn
+    stop: str = "length"  # "end": the last token is a stop token; "length": the budget ran out
+
+
+def is_transformers_model(model) -> bool:
+    from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+
+    return isinstance(model, HFTransformerModel)
+
+
+class Generator:
+    """`generate(prompts, sampling, rng)` answers lists of token ids; every rank calls it with its own prompts."""
+
+    def __init__(self, model, plan: Plan, stops: set, agree_every: int = 8, pad_id: int = 0):
+        self.model, self.plan, self.stops, self.agree_every, self.pad_id = model, plan, set(stops), agree_every, pad_id
+        self.transformers_model = is_transformers_model(model)
+        layers = model.layers.values() if hasattr(model.layers, "values") else model.layers
+        self.cache = kv.KVCache(len(layers), plan.slots, plan.length)
+        self.forwards = collections.Counter()  # (phase, input shape) -> forward passes
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(self, prompts: list, sampling: Sampling, rng: torch.Generator | None = None) -> list[Completion]:
+        assert sampling.greedy or rng is not None, "sampling draws from a seeded generator"
+        waves = [prompts[i : i + self.plan.slots] for i in range(0, len(prompts), self.plan.slots)]
+        count = self._agreed(len(waves), dist.ReduceOp.MAX)
+        answers = []
+        with torch.no_grad(), kv.installed(self.model, self.cache, self.transformers_model):
+            for i in range(count):
+                answers += self._wave(waves[i] if i < len(waves) else [], sampling, rng)
+        return answers
+
+    def _wave(self, prompts: list, sampling: Sampling, rng) -> list[Completion]:
+        slots = self.plan.slots
+        bucket = self.plan.bucket(max(map(len, prompts), default=1))
+        tokens = torch.full((slots, bucket), self.pad_id, dtype=torch.long)
+        lengths = torch.ones(slots, dtype=torch.long)  # an empty slot: one pad token
+        for s, ids in enumerate(prompts):
+            tokens[s, : len(ids)], lengths[s] = torch.tensor(ids), len(ids)
+        live = torch.arange(slots) < len(prompts)
+        out = [Completion() for _ in prompts]
+        positions = torch.arange(bucket).expand(slots, bucket)
+        logits = self._forward("prefill", tokens, positions, torch.zeros(slots, dtype=torch.long), bucket, lengths - 1)
+        for step in range(self.plan.new_tokens):
+            picks, logprobs = draw(logits, sampling, rng)
+            picks, logprobs = picks.cpu(), logprobs.cpu()
+            for s in live.nonzero().flatten().tolist():
+                out[s].tokens.append(int(picks[s]))
+                out[s].logprobs.append(float(logprobs[s]))
+                if int(picks[s]) in self.stops:
+                    out[s].stop, live[s] = "end", False
+            done = step + 1 == self.plan.new_tokens
+            if done or (step + 1) % self.agree_every == 0 and not self._agreed(int(live.sum()), dist.ReduceOp.SUM):
+                break
+            # each live slot's pick goes to its next position; a finished slot stays where it is and rewrites a
+            # position past its end, which no query reads
+            picks = torch.where(live, picks, torch.full_like(picks, self.pad_id))
+            logits = self._forward("decode", picks[:, None], lengths[:, None], lengths, self.cache.length, None)
+            lengths = torch.where(live, lengths + 1, lengths)
+        return out
+
+    def _forward(self, phase, tokens, positions, start, keys, read):
+        """Logits [slots, vocab] of the token at `read` in each row (the last one when None)."""
+        self.forwards[(phase, tuple(tokens.shape))] += 1
+        device = self.device
+        self.cache.step = kv.Step(start.to(device), keys)
+        tokens, positions = tokens.to(device), positions.to(device)
+        if self.transformers_model:
+            # a mask of the backend's own would be a flex BlockMask (compiled): the cache's step is the mask
+            hidden = self.model(tokens, positions=positions, attention_masks=self.cache.step, use_cache=False)
+        else:
+            hidden = self.model(tokens, positions=positions, attention_masks=None)
+        self.cache.step = None
+        rows = torch.arange(tokens.shape[0], device=device)
+        hidden = hidden[rows, read.to(device)] if read is not None else hidden[:, -1]
+        # with torchtitan's chunked loss the model stops before its lm_head (the loss applies it)
+        return self.model.lm_head(hidden) if getattr(self.model, "_skip_lm_head", False) else hidden
+
+    def _agreed(self, value: int, op) -> int:
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(tensor, op=op)
+        return int(tensor.item())

@@ -1,0 +1,55 @@
+"""The generator's shapes, decided before it runs: slots, the prompt-length buckets, the cache length.
+
+On Trainium each new input shape is a compilation of minutes, so a generator there runs a handful of graphs: one
+prefill per bucket, [slots, bucket], and one decode step, [slots, 1], over a cache of `length` positions. A
+prompt is padded to the smallest bucket that holds it.
+"""
+
+from dataclasses import dataclass
+
+MOST_BUCKETS = 4
+SMALLEST_BUCKET = 16
+
+
+@dataclass(frozen=True)
+class Plan:
+    slots: int
+    buckets: tuple[int, ...]  # ascending prompt lengths a prefill pads to
+    new_tokens: int  # the most tokens an answer takes
+
+    def __post_init__(self):
+        assert self.slots >= 1 and self.new_tokens >= 1 and self.buckets, self
+        assert list(self.buckets) == sorted(set(self.buckets)), f"buckets not ascending: {self.buckets}"
+
+    @property
+    def length(self) -> int:
+        """The cache's positions: the longest prompt and its answer."""
+        return self.buckets[-1] + self.new_tokens
+
+    def bucket(self, prompt_tokens: int) -> int:
+        fits = [b for b in self.buckets if b >= prompt_tokens]
+        if not fits:
+            raise ValueError(f"a prompt of {prompt_tokens} tokens is over the largest bucket, {self.buckets[-1]}")
+        return fits[0]
+
+    def shapes(self) -> list[tuple[str, tuple[int, int]]]:
+        """Every input shape the generator runs: the prefills, then the decode step."""
+        return [*(("prefill", (self.slots, b)) for b in self.buckets), ("decode", (self.slots, 1))]
+
+    def cache_bytes(self, layers: int, kv_heads: int, head_dim: int, itemsize: int) -> int:
+        return 2 * layers * self.slots * kv_heads * self.length * head_dim * itemsize
+
+    def describe(self, layers: int, kv_heads: int, head_dim: int, itemsize: int) -> str:
+        mib = self.cache_bytes(layers, kv_heads, head_dim, itemsize) / 2**20
+        return (
+            f"{self.slots} slots, prefill buckets {', '.join(map(str, self.buckets))}, decode [{self.slots}, 1], "
+            f"KV cache {self.length} positions ({mib:.1f} MiB)"
+        )
+
+
+def buckets_for(lengths: list[int], room: int, most: int = MOST_BUCKETS, smallest: int = SMALLEST_BUCKET) -> tuple:
+    """Up to `most` bucket sizes for prompts of `lengths` tokens: powers of two from `smallest`, the last one capped
+    at `room` (the most prompt tokens the cache leaves); the smallest ones merge into the next when there are more."""
+    assert lengths and max(lengths) <= room, f"a prompt of {max(lengths)} tokens is over the room, {room}"
+    sizes = sorted({min(room, max(smallest, 1 << (n - 1).bit_length())) for n in lengths})
+    return tuple(sizes[-most:])

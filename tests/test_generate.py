@@ -1,0 +1,146 @@
+"""The generator (neuron_qwen3/generate/) against transformers, in process, for each variant's model.
+
+Each model is built from the recipes' smoke config and loaded, through its state-dict adapter, from a random model
+transformers made and saved (test_finetune_variants' helpers), in float32. Greedy answers must be transformers'
+`generate` on the same weights token for token, for prompts of several lengths in several waves and buckets,
+with early stops; the generator must run only the shapes its plan announced; the log-probability it records for
+each sampled token must be the training forward's on the finished sequence. The 2-rank FSDP runs through the
+launcher are test_samples.py's.
+Run: .venv/bin/python -m pytest tests/test_generate.py -q
+"""
+
+import functools
+
+import pytest
+import torch
+
+from test_finetune_variants import moe_config, save_dense, save_moe, tensors
+
+from neuron_qwen3.generate.engine import Generator
+from neuron_qwen3.generate.plan import Plan, buckets_for
+from neuron_qwen3.generate.sampling import Sampling
+
+NEW_TOKENS = 12
+LENGTHS = (5, 19, 3, 33, 9)  # three buckets (16, 32, 64), waves of 2 slots: 3 waves, the last one half empty
+
+
+def prompts(vocab: int, seed: int = 0) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in LENGTHS]
+
+
+@functools.cache
+def built(variant: str, folder: str):
+    """(our model, transformers' model), the same weights, float32, eval."""
+    from torchtitan.config.override import apply_overrides
+
+    from neuron_qwen3 import config_registry, finish
+    from neuron_qwen3.quirks import hf_rope_fix
+
+    if variant == "nki_moe":
+        reference = save_moe(folder)
+        config = moe_config()
+        config.training.mixed_precision_param = "float32"
+        finish.cpu_float32(config, "cpu")  # the experts compute in float32, as transformers' do
+    else:
+        reference = save_dense(folder)
+        if variant == "v5":
+            hf_rope_fix.apply()
+        config = getattr(config_registry, f"{variant}_qwen3_smoke")()
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    apply_overrides(config.override, config)
+    if variant == "v5":
+        with torch.device("meta"):
+            model = model_config.build()
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            model.init_weights(buffer_device=None)
+    else:
+        model = model_config.build()
+    model.load_state_dict(config.model_spec.state_dict_adapter(model_config, None).from_hf(tensors(folder)))
+    return model.eval(), reference.eval()
+
+
+@pytest.fixture(scope="module", params=["native", "nki_moe", "v5"])
+def models(request, tmp_path_factory):
+    return built(request.param, str(tmp_path_factory.mktemp(request.param)))
+
+
+def transformers_greedy(reference, ids: list, stops: set) -> tuple[list, list]:
+    """transformers' greedy answer to one prompt: (tokens, the log-probability of each under its logits)."""
+    out = reference.generate(
+        torch.tensor([ids]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        eos_token_id=sorted(stops) or None,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    tokens = out.sequences[0, len(ids) :].tolist()
+    logprobs = [step[0].float().log_softmax(-1)[token].item() for step, token in zip(out.logits, tokens)]
+    return tokens, logprobs
+
+
+def test_greedy_answers_are_transformers_generate(models):
+    model, reference = models
+    asked = prompts(reference.config.vocab_size)
+    free = [transformers_greedy(reference, ids, set())[0] for ids in asked]
+    # stop tokens that end two of the answers early, at different steps; the others run to the budget
+    stops = {free[0][3], free[3][7]} - set(free[1] + free[2] + free[4])
+    plan = Plan(slots=2, buckets=buckets_for(list(LENGTHS), room=64), new_tokens=NEW_TOKENS)
+    assert plan.buckets == (16, 32, 64)
+    answers = Generator(model, plan, stops).generate(asked, Sampling())
+    expected = [transformers_greedy(reference, ids, stops) for ids in asked]
+    assert [a.tokens for a in answers] == [tokens for tokens, _ in expected]
+    for answer, (_, logprobs) in zip(answers, expected):
+        torch.testing.assert_close(torch.tensor(answer.logprobs), torch.tensor(logprobs), rtol=0, atol=1e-5)
+    assert [a.stop for a in answers] == ["end" if t[-1] in stops else "length" for t, _ in expected]
+    assert sum(len(t) < NEW_TOKENS for t, _ in expected) == 2  # two early stops were exercised
+
+
+def test_only_the_announced_shapes_run(models):
+    """A hook on the model's forward records every input shape, over two rounds with other prompts."""
+    model, reference = models
+    plan = Plan(slots=2, buckets=(16, 32, 64), new_tokens=NEW_TOKENS)
+    generator = Generator(model, plan, stops=set())
+    seen = set()
+    handle = model.register_forward_pre_hook(lambda _, args: seen.add(tuple(args[0].shape)))
+    try:
+        generator.generate(prompts(reference.config.vocab_size, seed=1), Sampling())
+        generator.generate(prompts(reference.config.vocab_size, seed=2)[:3], Sampling())
+    finally:
+        handle.remove()
+    announced = {shape for _, shape in plan.shapes()}
+    assert seen == announced
+    assert {shape for _, shape in generator.forwards} == announced
+
+
+def test_sampled_logprobs_are_the_training_forwards(models):
+    model, reference = models
+    asked = prompts(reference.config.vocab_size)
+    plan = Plan(slots=3, buckets=(16, 64), new_tokens=NEW_TOKENS)
+    sampling = Sampling(temperature=1.0, top_k=50, top_p=0.95)
+    answers = Generator(model, plan, stops=set()).generate(asked, sampling, torch.Generator().manual_seed(0))
+    for ids, answer in zip(asked, answers):
+        sequence = torch.tensor([ids + answer.tokens])
+        with torch.no_grad():
+            logits = reference(sequence).logits[0, len(ids) - 1 : -1].float()
+        expected = logits.log_softmax(-1).gather(-1, torch.tensor(answer.tokens)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(answer.logprobs), expected, rtol=0, atol=1e-5)
+
+
+def test_a_seeded_round_is_drawn_again_from_the_saved_generator_state(models):
+    model, reference = models
+    asked = prompts(reference.config.vocab_size)[:2]
+    generator = Generator(model, Plan(slots=2, buckets=(64,), new_tokens=NEW_TOKENS), stops=set())
+    sampling = Sampling(temperature=1.0)
+    rng = torch.Generator().manual_seed(7)
+    state = rng.get_state()
+    first = generator.generate(asked, sampling, rng)
+    rng.set_state(state)  # what a resume restores
+    again = generator.generate(asked, sampling, rng)
+    assert [a.tokens for a in first] == [a.tokens for a in again]
+    assert first[0].tokens != generator.generate(asked, sampling, rng)[0].tokens  # the draws do move on
