@@ -10,10 +10,15 @@ Run: .venv/bin/python -m pytest tests/test_generate.py -q
 """
 
 import functools
+import json
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from conftest import REPO, worker_env
 from test_finetune_variants import moe_config, save_dense, save_moe, tensors
 
 from neuron_qwen3.generate.engine import Generator
@@ -37,6 +42,9 @@ def built(variant: str, folder: str):
     from neuron_qwen3 import config_registry, finish
     from neuron_qwen3.quirks import hf_rope_fix
 
+    if variant == "transformers":  # the offline command's model: transformers' own, through the same generator
+        reference = save_dense(folder)
+        return reference.eval(), reference
     if variant == "nki_moe":
         reference = save_moe(folder)
         config = moe_config()
@@ -62,17 +70,17 @@ def built(variant: str, folder: str):
     return model.eval(), reference.eval()
 
 
-@pytest.fixture(scope="module", params=["native", "nki_moe", "v5"])
+@pytest.fixture(scope="module", params=["native", "nki_moe", "v5", "transformers"])
 def models(request, tmp_path_factory):
     return built(request.param, str(tmp_path_factory.mktemp(request.param)))
 
 
-def transformers_greedy(reference, ids: list, stops: set) -> tuple[list, list]:
+def transformers_greedy(reference, ids: list, stops: set, new_tokens: int = NEW_TOKENS) -> tuple[list, list]:
     """transformers' greedy answer to one prompt: (tokens, the log-probability of each under its logits)."""
     out = reference.generate(
         torch.tensor([ids]),
         attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-        max_new_tokens=NEW_TOKENS,
+        max_new_tokens=new_tokens,
         do_sample=False,
         eos_token_id=sorted(stops) or None,
         pad_token_id=0,
@@ -107,7 +115,11 @@ def test_only_the_announced_shapes_run(models):
     plan = Plan(slots=2, buckets=(16, 32, 64), new_tokens=NEW_TOKENS)
     generator = Generator(model, plan, stops=set())
     seen = set()
-    handle = model.register_forward_pre_hook(lambda _, args: seen.add(tuple(args[0].shape)))
+
+    def record(module, args, kwargs):
+        seen.add(tuple((args[0] if args else kwargs["input_ids"]).shape))
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
     try:
         generator.generate(prompts(reference.config.vocab_size, seed=1), Sampling())
         generator.generate(prompts(reference.config.vocab_size, seed=2)[:3], Sampling())
@@ -144,3 +156,56 @@ def test_a_seeded_round_is_drawn_again_from_the_saved_generator_state(models):
     again = generator.generate(asked, sampling, rng)
     assert [a.tokens for a in first] == [a.tokens for a in again]
     assert first[0].tokens != generator.generate(asked, sampling, rng)[0].tokens  # the draws do move on
+
+
+def test_the_offline_command_answers_a_prompts_file_as_transformers_does(tmp_path):
+    """An exported folder (weights, config.json, the bundled tokenizer) and the bundled prompts: each answer in
+    the JSONL is transformers' greedy answer to the prompt as its chat template renders it."""
+    import transformers
+
+    from neuron_qwen3 import config_registry
+    from neuron_qwen3.report import samples
+
+    folder = tmp_path / "export"
+    reference = save_dense(folder).eval()
+    for path in config_registry.SMOKE_TOKENIZER.iterdir():
+        shutil.copyfile(path, folder / path.name)
+    out = tmp_path / "answers.jsonl"
+    command = [sys.executable, "-m", "neuron_qwen3.generate", str(folder), str(config_registry.SMOKE_PROMPTS)]
+    result = subprocess.run(
+        [*command, "--out", str(out), "--tokens", "10", "--slots", "2"],
+        env=worker_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    records = [json.loads(line) for line in config_registry.SMOKE_PROMPTS.read_text().splitlines()]
+    assert [row["prompt"] for row in rows] == [f"{config_registry.SMOKE_PROMPTS}:{k}" for k in range(1, 4)]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    stops = samples.stop_ids(samples.tokenizer_of(config_registry.native_qwen3_smoke()))
+    for row, record in zip(rows, records):
+        messages = record.get("messages") or [{"role": "user", "content": record["prompt"]}]
+        options = {} if record.get("enable_thinking") is None else {"enable_thinking": record["enable_thinking"]}
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False, **options)
+        expected, logprobs = transformers_greedy(reference, ids, stops, new_tokens=10)
+        assert row["tokens"] == expected and row["answer"] == tokenizer.decode(expected)
+        assert row["stop"] == ("end" if expected[-1] in stops else "length")
+        torch.testing.assert_close(torch.tensor(row["logprobs"]), torch.tensor(logprobs), rtol=0, atol=1e-5)
+    assert "prefill shape [2, 32]" in result.stderr or "prefill shape [2, 64]" in result.stderr
+
+
+def test_the_offline_command_refuses_bad_input_in_one_line(tmp_path):
+    command = [sys.executable, "-m", "neuron_qwen3.generate", str(tmp_path), str(tmp_path / "none.jsonl")]
+    result = subprocess.run(
+        [*command, "--out", str(tmp_path / "o.jsonl"), "--top-p", "1.5"],
+        env=worker_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "top_p=1.5" in result.stderr

@@ -113,16 +113,10 @@ def check_attention_kernel_shapes(config, kind: str) -> None:
             f"NEURON_QWEN3_ATTENTION_KERNEL=nki (--neuron.attention_kernel) needs a neuron device, and this run is on "
             f"{kind} (allowed here: auto, reference)"
         )
-    model = config.model_spec.model
-    if not hasattr(model, "layers"):  # v5: the transformers model's config.json, once the assets are here
-        from transformers import AutoConfig
-
-        try:
-            model = AutoConfig.from_pretrained(config.hf_model)
-        except OSError:
-            return  # before the asset fetch: the workers check it, and the kernels' own asserts stand behind
-    head_dim = shapes.of_model_config(model).head_dim
-    nki_kernels.check_kernel_shapes(head_dim, config.training.seq_len, config.neuron.logical_nc_config)
+    shape = shapes.of_run(config)
+    if shape is None:
+        return  # v5 before the asset fetch: the workers check it, and the kernels' own asserts stand behind
+    nki_kernels.check_kernel_shapes(shape.head_dim, config.training.seq_len, config.neuron.logical_nc_config)
 
 
 def configure_validation(config) -> None:

@@ -164,6 +164,19 @@ def of_model_config(model_config) -> Shape:
     return Shape(**common, hidden_dim=c.intermediate_size)
 
 
+def of_run(config) -> Shape | None:
+    """The Shape of the model a run trains: v5's is its config.json's, None before the assets are fetched."""
+    model = config.model_spec.model
+    if not hasattr(model, "layers"):  # v5: the transformers model's config.json, once the assets are here
+        from transformers import AutoConfig
+
+        try:
+            model = AutoConfig.from_pretrained(config.hf_model)
+        except OSError:
+            return None
+    return of_model_config(model)
+
+
 # Adam in fp32 with fp32 master weights and gradients: what FSDP shards over the ranks, per parameter.
 STATE_BYTES_PER_PARAM = 16
 # Of each rank's device memory, what the sharded state may take; the rest is for activations, the unsharded layer

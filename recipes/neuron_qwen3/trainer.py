@@ -73,7 +73,7 @@ class RunHooks(Trainer):
         prepare = self.prepare_inputs  # the data step less the run hooks', for the extras' own forward passes
         try:
             self.dpo, self.held_out_dpo = preference.dpo_losses(self, prepare)  # METHOD=dpo; (None, None) under SFT
-            self.sampler = samples.Sampler(self, prepare) if config.samples.prompts else None  # SAMPLE_PROMPTS
+            self.sampler = samples.Sampler(self) if config.samples.prompts else None  # SAMPLE_PROMPTS
         except data.DataError as error:
             raise fail_on_data(error) from None
         dims, model = self.parallel_dims, self.model_parts[0]

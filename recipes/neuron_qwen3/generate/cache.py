@@ -89,12 +89,19 @@ def hf_cache_attention(module, query, key, value, attention_mask, scaling=None, 
     return cache.attend(module.layer_idx, query, key, value, scale).transpose(1, 2).contiguous(), None
 
 
+def layers_of(model) -> list:
+    """The decoder layers of torchtitan's Qwen3, its transformers backend's model or a transformers model."""
+    if hasattr(model, "layers"):
+        return list(model.layers.values()) if hasattr(model.layers, "values") else list(model.layers)
+    return list(model.model.layers)
+
+
 @contextlib.contextmanager
-def installed(model, cache: KVCache, transformers_model: bool):
+def installed(model, cache: KVCache):
     """The model's attention reads and writes `cache` inside the block; its own attention is back after."""
-    layers = list(model.layers.values()) if hasattr(model.layers, "values") else list(model.layers)
+    layers = layers_of(model)
     assert len(layers) == cache.layers, f"{len(layers)} layers for a cache of {cache.layers}"
-    if transformers_model:
+    if hasattr(layers[0], "self_attn"):  # transformers' decoder layers
         from transformers import AttentionInterface
 
         AttentionInterface.register(HF_ATTENTION_NAME, hf_cache_attention)

@@ -25,10 +25,15 @@ class Completion:
     stop: str = "length"  # "end": the last token is a stop token; "length": the budget ran out
 
 
-def is_transformers_model(model) -> bool:
+def kind_of(model) -> str:
+    """ "titan": torchtitan's Qwen3 (native, nki_moe); "titan_hf": torchtitan's transformers backend (v5);
+    "hf": a transformers model itself (an exported folder, the offline command's)."""
     from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
+    from transformers import PreTrainedModel
 
-    return isinstance(model, HFTransformerModel)
+    if isinstance(model, HFTransformerModel):
+        return "titan_hf"
+    return "hf" if isinstance(model, PreTrainedModel) else "titan"
 
 
 class Generator:
@@ -36,9 +41,8 @@ class Generator:
 
     def __init__(self, model, plan: Plan, stops: set, agree_every: int = 8, pad_id: int = 0):
         self.model, self.plan, self.stops, self.agree_every, self.pad_id = model, plan, set(stops), agree_every, pad_id
-        self.transformers_model = is_transformers_model(model)
-        layers = model.layers.values() if hasattr(model.layers, "values") else model.layers
-        self.cache = kv.KVCache(len(layers), plan.slots, plan.length)
+        self.kind = kind_of(model)
+        self.cache = kv.KVCache(len(kv.layers_of(model)), plan.slots, plan.length)
         self.forwards = collections.Counter()  # (phase, input shape) -> forward passes
 
     @property
@@ -50,7 +54,7 @@ class Generator:
         waves = [prompts[i : i + self.plan.slots] for i in range(0, len(prompts), self.plan.slots)]
         count = self._agreed(len(waves), dist.ReduceOp.MAX)
         answers = []
-        with torch.no_grad(), kv.installed(self.model, self.cache, self.transformers_model):
+        with torch.no_grad(), kv.installed(self.model, self.cache):
             for i in range(count):
                 answers += self._wave(waves[i] if i < len(waves) else [], sampling, rng)
         return answers
@@ -90,9 +94,11 @@ class Generator:
         device = self.device
         self.cache.step = kv.Step(start.to(device), keys)
         tokens, positions = tokens.to(device), positions.to(device)
-        if self.transformers_model:
+        if self.kind == "titan_hf":
             # a mask of the backend's own would be a flex BlockMask (compiled): the cache's step is the mask
             hidden = self.model(tokens, positions=positions, attention_masks=self.cache.step, use_cache=False)
+        elif self.kind == "hf":
+            hidden = self.model(input_ids=tokens, position_ids=positions, use_cache=False).logits
         else:
             hidden = self.model(tokens, positions=positions, attention_masks=None)
         self.cache.step = None

@@ -39,13 +39,6 @@ class Plan:
     def cache_bytes(self, layers: int, kv_heads: int, head_dim: int, itemsize: int) -> int:
         return 2 * layers * self.slots * kv_heads * self.length * head_dim * itemsize
 
-    def describe(self, layers: int, kv_heads: int, head_dim: int, itemsize: int) -> str:
-        mib = self.cache_bytes(layers, kv_heads, head_dim, itemsize) / 2**20
-        return (
-            f"{self.slots} slots, prefill buckets {', '.join(map(str, self.buckets))}, decode [{self.slots}, 1], "
-            f"KV cache {self.length} positions ({mib:.1f} MiB)"
-        )
-
 
 def buckets_for(lengths: list[int], room: int, most: int = MOST_BUCKETS, smallest: int = SMALLEST_BUCKET) -> tuple:
     """Up to `most` bucket sizes for prompts of `lengths` tokens: powers of two from `smallest`, the last one capped

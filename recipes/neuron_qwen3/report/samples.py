@@ -2,14 +2,11 @@
 and after the last step, the model in the trainer answers SAMPLE_PROMPTS greedily, and report/samples.jsonl,
 samples.md and TensorBoard show the answers.
 
-One shape: every forward pass of sampling is the training window, [local batch, seq_len], the shape validation's
-forward already has, so on Neuron sampling compiles no graph of its own, whatever the prompts or the step. The
-prompts are packed into it as documents, as training packs them (positions restart, attention stays inside a
-document), so one forward pass serves every prompt that fits. There is no KV cache: each new token is one forward
-pass of the whole window. Every rank runs the same prompts, since FSDP needs every
-rank in each forward; rank 0's picks are broadcast so every rank stops together, and rank 0 writes. The model runs
-in eval mode under no_grad, so the MoE layers count no tokens for torchtitan's load balancing and the router watch
-records nothing (it records only training micro-steps).
+The answers come from the generator (generate/): the trained model itself with a KV cache, at the shapes its plan
+fixes before the run (one prefill per prompt-length bucket, one decode step), so on Neuron sampling compiles a
+handful of graphs once, whatever the step. Every rank answers the same prompts (FSDP needs every rank in each
+forward) and rank 0 writes. The model runs in eval mode under no_grad, so the MoE layers count no tokens for
+torchtitan's load balancing and the router watch records nothing (it records only training micro-steps).
 """
 
 import json
@@ -22,12 +19,17 @@ import torch
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
+from neuron_qwen3 import shapes
 from neuron_qwen3.data import conversations, records
 from neuron_qwen3.data.conversations import Problem
 from neuron_qwen3.data.records import DataError
 from neuron_qwen3.data.tokens import IM_END, Encoder, chat_template
+from neuron_qwen3.generate.engine import Generator
+from neuron_qwen3.generate.plan import Plan, buckets_for
+from neuron_qwen3.generate.sampling import Sampling
 
 FOLDER = "report"
+SLOTS = 8  # the most prompts answered at once; more go in further waves
 
 
 @dataclass
@@ -106,86 +108,27 @@ def stop_ids(tokenizer) -> set:
     return ids - {None}
 
 
-def layout(prompts: list, rows: int, seq_len: int, new_tokens: int) -> list:
-    """Windows of (prompt index, row, start): each prompt and the room for its answer packed first-fit into the rows
-    of a [rows, seq_len] window, as training packs documents; a new window when none has room."""
-    windows, fill = [], []
-    for k, ids in enumerate(prompts):
-        size = len(ids) + new_tokens
-        assert size <= seq_len, f"prompt {k}: {len(ids)} tokens and {new_tokens} to answer exceed the window"
-        row = next((r for r in range(rows) if fill[r] + size <= seq_len), None) if windows else None
-        if row is None:
-            windows.append([])
-            fill, row = [0] * rows, 0
-        windows[-1].append((k, row, fill[row]))
-        fill[row] += size
-    return windows
-
-
-def generate(
-    forward, prompts: list, rows: int, seq_len: int, new_tokens: int, stops: set, agree=lambda picks: picks
-) -> list:
-    """Greedy answers to `prompts` (lists of ids): (tokens, stop reason) each, stop reason `end` (a token of
-    `stops`, kept) or `length`. The prompts are packed as documents (positions restart at 0) into windows
-    (`layout`). `forward(tokens, positions, at)` takes a [rows, seq_len] window, attends within its documents as
-    training does, and returns the logits at the (row, position) pairs of `at`: always as many pairs (the most
-    prompts a window holds, padded), so that every call has the same shapes. A row's filler is id 0: no logit read
-    depends on it (causal). `agree` makes the ranks pick alike (a broadcast)."""
-    windows = layout(prompts, rows, seq_len, new_tokens)
-    reads = max(len(window) for window in windows)
-    answers = [None] * len(prompts)
-    for window in windows:
-        tokens = torch.zeros((rows, seq_len), dtype=torch.long)
-        positions = torch.arange(seq_len).repeat(rows, 1)
-        ends, outs, row_of = {}, {k: [] for k, _, _ in window}, {k: row for k, row, _ in window}
-        for k, row, start in window:
-            ids = prompts[k]
-            tokens[row, start : start + len(ids)] = torch.tensor(ids)
-            positions[row, start : start + len(ids) + new_tokens] = torch.arange(len(ids) + new_tokens)
-            ends[k] = start + len(ids)
-        for _ in range(new_tokens):
-            if not ends:
-                break
-            live = sorted(ends)
-            at = torch.zeros((reads, 2), dtype=torch.long)
-            at[: len(live)] = torch.tensor([[row_of[k], ends[k] - 1] for k in live])
-            picks = agree(forward(tokens, positions, at)[: len(live)].float().argmax(dim=-1))
-            for k, pick in zip(live, picks.tolist()):
-                outs[k].append(pick)
-                tokens[row_of[k], ends[k]] = pick
-                ends[k] += 1
-                if pick in stops:
-                    del ends[k]
-                    answers[k] = (outs[k], "end")
-        for k in ends:
-            answers[k] = (outs[k], "length")
-    return answers
-
-
 class Sampler:
-    """SAMPLE_PROMPTS answered by a trainer's model; `sample(step)` runs on every rank. `prepare`: torchtitan's
-    post_dataloading_process (the attention masks from the positions), without the run hooks'."""
+    """SAMPLE_PROMPTS answered by a trainer's model; `sample(step)` runs on every rank."""
 
-    def __init__(self, trainer, prepare):
+    def __init__(self, trainer):
         config = trainer.config
         if trainer.parallel_dims.pp_enabled or trainer.parallel_dims.cp_enabled:
             raise DataError(
-                "SAMPLE_PROMPTS needs one model part and whole windows: not with pipeline or context parallelism"
+                "SAMPLE_PROMPTS needs one model part and whole sequences: not with pipeline or context parallelism"
             )
-        self.trainer, self.prepare, self.tokenizer = trainer, prepare, tokenizer_of(config)
+        self.trainer, self.tokenizer = trainer, tokenizer_of(config)
         self.prompts = read_prompts(
             config.samples.prompts, field_of(config), self.tokenizer, config.training.seq_len - config.samples.tokens
         )
         self.every = interval(config)
-        self.rows, self.seq_len, self.new_tokens = (
-            config.training.local_batch_size,
-            config.training.seq_len,
-            config.samples.tokens,
-        )
-        self.stops = stop_ids(self.tokenizer)
+        self.plan = plan_of(config, self.prompts)
+        self.generator = Generator(trainer.model_parts[0], self.plan, stop_ids(self.tokenizer))
+        for phase, shape in self.plan.shapes():
+            logger.info(f"samples: the generator's {phase} shape {list(shape)}")
         self.writer = dist.get_rank() == 0 if dist.is_initialized() else True
         self.folder = Path(config.dump_folder) / FOLDER
-        self.shapes, self.forwards, self.seconds, self.last = set(), 0, 0.0, None
+        self.seconds, self.last = 0.0, None
         self.tensorboard = None
         if self.writer and config.metrics.enable_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -210,42 +153,15 @@ class Sampler:
         if self.last == step:
             return
         self.last = step
-        trainer, started = self.trainer, time.perf_counter()
-        model = trainer.model_parts[0]
+        started, model = time.perf_counter(), self.trainer.model_parts[0]
         model.eval()
         try:
-            with torch.no_grad():
-                answers = generate(
-                    self._forward,
-                    [p.ids for p in self.prompts],
-                    self.rows,
-                    self.seq_len,
-                    self.new_tokens,
-                    self.stops,
-                    agree=self._agree,
-                )
+            answers = self.generator.generate([p.ids for p in self.prompts], Sampling())
         finally:
             model.train()
         self.seconds += time.perf_counter() - started
         if self.writer:
-            self._write(step, answers)
-
-    def _forward(self, tokens, positions, at):
-        """The model's logits at `at`. With torchtitan's chunked loss the model stops before its lm_head (the loss
-        applies it, chunk by chunk): then the head runs here, on the hidden states read."""
-        self.shapes.add(tuple(tokens.shape))
-        self.forwards += 1
-        device, model = self.trainer.device, self.trainer.model_parts[0]
-        inputs = {"input": tokens.to(device), "positions": positions.to(device)}
-        inputs, _, extra = self.prepare(inputs, torch.zeros_like(inputs["input"]))
-        out = model(inputs, **extra)[at[:, 0].to(device), at[:, 1].to(device)]
-        return model.lm_head(out) if getattr(model, "_skip_lm_head", False) else out
-
-    def _agree(self, picks):
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            picks = picks.to(self.trainer.device)
-            dist.broadcast(picks, src=0)
-        return picks.cpu()
+            self._write(step, [(answer.tokens, answer.stop) for answer in answers])
 
     def _write(self, step: int, answers: list) -> None:
         decode = self.tokenizer.decode
@@ -274,13 +190,13 @@ class Sampler:
         )
 
     def stats(self) -> dict:
-        """For summary.json: the prompts, the window shapes sampling ran (one) and how many forward passes, and
-        its seconds in all."""
+        """For summary.json: the prompts, the shapes the generator ran and how many forward passes of each, and its
+        seconds in all."""
         return {
             "prompts": len(self.prompts),
-            "tokens": self.new_tokens,
-            "shapes": sorted(self.shapes),
-            "forwards": self.forwards,
+            "tokens": self.plan.new_tokens,
+            "shapes": [[phase, list(shape)] for phase, shape in self.plan.shapes()],
+            "forwards": [[phase, list(shape), n] for (phase, shape), n in sorted(self.generator.forwards.items())],
             "seconds": round(self.seconds, 3),
         }
 
@@ -316,10 +232,18 @@ def interval(config) -> int:
     return config.samples.every or (config.validator.freq if config.validator.enable else 0)
 
 
+def plan_of(config, prompts: list) -> Plan:
+    """The generator's shapes for these prompts: up to SLOTS at once, buckets from their lengths."""
+    room = config.training.seq_len - config.samples.tokens
+    lengths = [len(p.ids) for p in prompts]
+    return Plan(slots=min(len(prompts), SLOTS), buckets=buckets_for(lengths, room), new_tokens=config.samples.tokens)
+
+
 def before_launch(config) -> list:
     """SAMPLE_PROMPTS read and rendered as the workers' sampler reads them, for the pre-launch pass: a bad record,
     or a prompt the window cannot answer in, raises DataError there. Returns the line that says when they are
-    answered (none without prompts, or without the section: a user's MODULE may lack it)."""
+    answered and the generator's shapes (none without prompts, or without the section: a user's MODULE may lack
+    it)."""
     settings = getattr(config, "samples", None)
     if settings is None or not settings.prompts:
         return []
@@ -327,7 +251,16 @@ def before_launch(config) -> list:
         settings.prompts, field_of(config), tokenizer_of(config), config.training.seq_len - settings.tokens
     )
     every = f", every {interval(config)} steps" if interval(config) else ""
+    plan = plan_of(config, found)
+    shape = shapes.of_run(config)
+    if shape is None:  # v5 before its config.json is fetched: the cache's size is not known yet
+        cache = f"{plan.length} positions"
+    else:
+        itemsize = torch.empty(0, dtype=getattr(torch, config.training.mixed_precision_param)).element_size()
+        mib = plan.cache_bytes(shape.n_layers, shape.n_kv_heads, shape.head_dim, itemsize) / 2**20
+        cache = f"{plan.length} positions, {mib:.1f} MiB"
     return [
         f"samples: {len(found)} prompts answered (up to {settings.tokens} tokens) at step 0{every} and after "
-        f"the last step, in windows of {config.training.local_batch_size} x {config.training.seq_len}"
+        f"the last step; generator: {plan.slots} slots, prefill buckets {', '.join(map(str, plan.buckets))}, "
+        f"decode [{plan.slots}, 1], KV cache {cache}"
     ]
