@@ -144,6 +144,23 @@ def test_sharegpt_training_data_beside_the_bundled_prompts_passes_the_pre_launch
     assert any(line.startswith("samples: 3 prompts answered") for line in answer["lines"]), answer["lines"]
 
 
+def test_a_kv_cache_over_its_share_of_a_neuron_rank_is_refused_in_one_line(tmp_path, monkeypatch):
+    from neuron_qwen3 import config_registry, shapes
+    from neuron_qwen3.data.records import DataError
+    from neuron_qwen3.report import samples
+
+    config = config_registry.native_qwen3_smoke()
+    config.samples.prompts = write(tmp_path / "prompts.jsonl", PROMPTS)
+    config.device = "neuron"
+    (line,) = samples.before_launch(config)  # the bundled smoke model's cache is well within 10 % of 24 GiB
+    assert "generator: 3 slots, prefill buckets" in line and "MiB" in line
+    monkeypatch.setitem(shapes.NEURON_GIB_PER_CORE, config.neuron.logical_nc_config, 1e-4)
+    with pytest.raises(DataError, match=r"^SAMPLE_PROMPTS: the generator's KV cache \(3 slots x \d+ positions\)"):
+        samples.before_launch(config)
+    config.device = "cpu"  # no device memory known: no bound
+    assert samples.before_launch(config)
+
+
 # ---- through the launcher ------------------------------------------------------------------------------------
 
 

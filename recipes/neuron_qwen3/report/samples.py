@@ -30,6 +30,7 @@ from neuron_qwen3.generate.sampling import Sampling
 
 FOLDER = "report"
 SLOTS = 8  # the most prompts answered at once; more go in further waves
+GENERATOR_SHARE = 0.1  # of a rank's device memory, what the KV cache may take beside training's state
 
 
 @dataclass
@@ -257,8 +258,15 @@ def before_launch(config) -> list:
         cache = f"{plan.length} positions"
     else:
         itemsize = torch.empty(0, dtype=getattr(torch, config.training.mixed_precision_param)).element_size()
-        mib = plan.cache_bytes(shape.n_layers, shape.n_kv_heads, shape.head_dim, itemsize) / 2**20
-        cache = f"{plan.length} positions, {mib:.1f} MiB"
+        gib = plan.cache_bytes(shape.n_layers, shape.n_kv_heads, shape.head_dim, itemsize) / 2**30
+        cache = f"{plan.length} positions, {gib * 1024:.1f} MiB"
+        memory = shapes.NEURON_GIB_PER_CORE[config.neuron.logical_nc_config] if config.device == "neuron" else None
+        if memory is not None and gib > GENERATOR_SHARE * memory:
+            raise DataError(
+                f"SAMPLE_PROMPTS: the generator's KV cache ({plan.slots} slots x {plan.length} positions) takes "
+                f"{gib:.2f} GiB, over {GENERATOR_SHARE:.0%} of the {memory} GiB of a rank: fewer or shorter prompts, "
+                "or a lower SAMPLE_TOKENS"
+            )
     return [
         f"samples: {len(found)} prompts answered (up to {settings.tokens} tokens) at step 0{every} and after "
         f"the last step; generator: {plan.slots} slots, prefill buckets {', '.join(map(str, plan.buckets))}, "
