@@ -7,6 +7,7 @@ These are real torchrun runs on CPU (gloo), a few tens of seconds each. Run:
     .venv/bin/python -m pytest tests/test_training.py
 """
 
+import datetime
 import functools
 import io
 import json
@@ -199,6 +200,18 @@ def test_rank_0_logs_a_progress_line(tmp):
     _, output = report_of("native", tmp)
     steps = config_registry.native_qwen3_smoke().training.steps
     assert f"progress: step 1/{steps}  " in output  # the first logged step, at once; then once a minute
+
+
+def test_rank_0_does_not_sleep_2_seconds_at_the_end_of_training(tmp):
+    """torchtitan's train() logs that rank 0 sleeps 2 s, then that training completed: quirks/titan_exit_sleep.py
+    makes that sleep return at once."""
+    log = ANSI.sub("", launch("native", tmp).stderr + launch("native", tmp).stdout)
+    stamp = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - root - INFO - "
+    asleep = re.search(stamp + "Sleeping 2 seconds for other ranks to complete", log)
+    done = re.search(stamp + "Training completed", log)
+    assert asleep and done, log[-2000:]
+    seconds = [datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f") for m in (asleep, done)]
+    assert (seconds[1] - seconds[0]).total_seconds() < 1.0, (asleep.group(0), done.group(0))
 
 
 def test_the_comparison_lists_every_variant(tmp, tmp_path):

@@ -25,7 +25,7 @@ from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import folders, footprint
 from neuron_qwen3.moe import routing
 from neuron_qwen3.preference import method as preference
-from neuron_qwen3.quirks import devices, titan_logs
+from neuron_qwen3.quirks import devices, titan_exit_sleep, titan_logs
 from neuron_qwen3.report import data_read, run_report, samples
 from neuron_qwen3.run import divergence, same_config, stop, teardown
 from neuron_qwen3.settings import RunSettings
@@ -209,7 +209,8 @@ class RunHooks(Trainer):
             else:
                 weights.initial_load(self)  # INIT_FROM, every rank its own rows (torchtitan's: every attention whole)
             try:
-                super().train()
+                with titan_exit_sleep.skipped():  # rank 0's 2 s wait at its end (quirks/titan_exit_sleep.py)
+                    super().train()
             except divergence.Diverged as diverged:
                 logger.error(diverged.args[0])
                 self.close()
