@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -344,3 +345,32 @@ def test_a_moe_folder_saved_by_transformers_is_read_as_transformers_reads_it(tmp
     assert preflight.init_from(parsed, preflight.trained_shape(parsed), None)[0] == [
         f"INIT_FROM='{tmp_path / 'moe'}' has num_experts=8 but the run trains num_experts=4"
     ]
+
+
+def test_the_pass_never_imports_inductor(tmp_path):
+    """quirks/import_compile.py: torchtitan's import compiles flex attention, which would import Inductor's compile
+    machinery (about 1.5 s); the pass runs no model, so its child finishes without it."""
+    request = {
+        "args": ["--module", "neuron_qwen3", "--config", "native_qwen3_smoke", "--device=cpu"],
+        "model": "",
+        "variant": "native",
+        "locks": str(REPO),
+        "ranks": 1,
+        "print_config": False,
+        "check_files": True,
+        "fix_checkpoints": False,
+        "node_rank": 0,
+    }
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from neuron_qwen3.prelaunch import preflight\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    preflight.main()\n"
+        "answer = json.loads(out.getvalue().splitlines()[-1])\n"
+        "print(json.dumps([answer['problems'], 'torch._inductor.compile_fx' in sys.modules]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], input=json.dumps(request), capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == [[], False]

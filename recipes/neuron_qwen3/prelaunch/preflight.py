@@ -40,6 +40,7 @@ import sys
 
 from neuron_qwen3 import shapes
 from neuron_qwen3.hf import fetch
+from neuron_qwen3.quirks import import_compile
 from neuron_qwen3.run import tuning
 
 CHECKED = ("torch", "torch-neuronx", "transformers", "torchtitan")
@@ -431,6 +432,7 @@ def rendered(config) -> list:
 
 
 def main() -> int:
+    import_compile.deferred()  # before torchtitan: its import compiles nothing this pass runs
     request = json.load(sys.stdin)
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the answer alone
         answer = run(request)
