@@ -129,7 +129,6 @@ def main() -> None:
     parser.add_argument("--old-tokens", type=int, default=4, help="new tokens of the window-per-token side")
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
     with tempfile.TemporaryDirectory() as tmp:
         model, reference, seq_len = models(args.scale, tmp)
         prompts = prompt_ids()

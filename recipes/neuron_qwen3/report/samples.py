@@ -119,9 +119,7 @@ class Sampler:
                 "SAMPLE_PROMPTS needs one model part and whole sequences: not with pipeline or context parallelism"
             )
         self.trainer, self.tokenizer = trainer, tokenizer_of(config)
-        self.prompts = read_prompts(
-            config.samples.prompts, field_of(config), self.tokenizer, config.training.seq_len - config.samples.tokens
-        )
+        self.prompts = prompts_of(config, self.tokenizer)
         self.every = interval(config)
         self.plan = plan_of(config, self.prompts)
         self.generator = Generator(trainer.model_parts[0], self.plan, stop_ids(self.tokenizer))
@@ -233,11 +231,21 @@ def interval(config) -> int:
     return config.samples.every or (config.validator.freq if config.validator.enable else 0)
 
 
+def room(config) -> int:
+    """The most prompt tokens the training window leaves beside SAMPLE_TOKENS."""
+    return config.training.seq_len - config.samples.tokens
+
+
+def prompts_of(config, tokenizer) -> list[Prompt]:
+    return read_prompts(config.samples.prompts, field_of(config), tokenizer, room(config))
+
+
 def plan_of(config, prompts: list) -> Plan:
     """The generator's shapes for these prompts: up to SLOTS at once, buckets from their lengths."""
-    room = config.training.seq_len - config.samples.tokens
     lengths = [len(p.ids) for p in prompts]
-    return Plan(slots=min(len(prompts), SLOTS), buckets=buckets_for(lengths, room), new_tokens=config.samples.tokens)
+    return Plan(
+        slots=min(len(prompts), SLOTS), buckets=buckets_for(lengths, room(config)), new_tokens=config.samples.tokens
+    )
 
 
 def before_launch(config) -> list:
@@ -248,9 +256,7 @@ def before_launch(config) -> list:
     settings = getattr(config, "samples", None)
     if settings is None or not settings.prompts:
         return []
-    found = read_prompts(
-        settings.prompts, field_of(config), tokenizer_of(config), config.training.seq_len - settings.tokens
-    )
+    found = prompts_of(config, tokenizer_of(config))
     every = f", every {interval(config)} steps" if interval(config) else ""
     plan = plan_of(config, found)
     shape = shapes.of_run(config)
