@@ -168,11 +168,11 @@ def test_greedy_is_argmax_and_leaves_the_generator_alone():
 
 @pytest.mark.parametrize("s", [Sampling(), Sampling(temperature=0.7, top_k=30, top_p=0.9)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_logprobs_are_the_unfiltered_models(s, dtype, monkeypatch):
+def test_logprobs_are_the_unfiltered_models_at_the_temperature(s, dtype, monkeypatch):
     monkeypatch.setattr(sampling, "_VOCAB_CHUNK", 256)  # 1,000 columns upcast in four chunks
     logits = (torch.randn(4, 1000, generator=torch.Generator().manual_seed(5)) * 4).to(dtype)
     tokens, logps = draw(logits, s, torch.Generator().manual_seed(0))
-    reference = torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, None]).squeeze(-1)
+    reference = torch.log_softmax(logits.float() / (s.temperature or 1), -1).gather(-1, tokens[:, None]).squeeze(-1)
     assert logps.dtype == torch.float32 and logps.shape == (4,)
     assert torch.allclose(logps, reference, rtol=0, atol=1e-6), (logps - reference).abs().max()
 

@@ -2,11 +2,11 @@
 
 A config function returns what the user chose (its values, then the flags); what follows from those choices is
 derived here, once: float32 on CPU, the NKI experts' kwargs, the attention without Inductor, Hugging Face
-compatibility, LoRA, the MoE routers' loss coefficient and freeze, the tokenizer folder, the validation split,
-EPOCHS' steps, the fine-tuning learning rate and warm-up, the global batch. The pre-launch pass
-(prelaunch/preflight.py) and every worker (trainer.RunHooks) call it on the same parsed flags, and nothing writes
-the config after it, so `--dry-run` prints exactly what the workers train (the run report keeps the workers' copy:
-report/config.json).
+compatibility, LoRA, the MoE routers' loss coefficient and freeze, the tokenizer folder, GRPO's batch of prompts,
+the validation split, EPOCHS' steps, the fine-tuning learning rate and warm-up, the global batch. The pre-launch
+pass (prelaunch/preflight.py) and every worker (trainer.RunHooks) call it on the same parsed flags, and nothing
+writes the config after it, so `--dry-run` prints exactly what the workers train (the run report keeps the
+workers' copy: report/config.json).
 """
 
 import copy
@@ -172,6 +172,47 @@ def configure_preference(config, lora) -> str | None:
     )
 
 
+def configure_grpo(config, lora, world: int) -> str | None:
+    """METHOD=grpo: the rewards named, the room for a prompt beside GRPO_MAX_COMPLETION, whole groups in each
+    rank's step, the prompts a loader batch holds (a step's on each rank), and with GRPO_BETA above 0 the reference
+    (as DPO's). Returns the line that says so; None under another method. The values' ranges: settings.Grpo."""
+    g = config.grpo
+    if config.preference.method != "grpo":
+        return None
+    if not g.rewards.strip():
+        raise ValueError("METHOD=grpo needs GRPO_REWARDS (--grpo.rewards): accuracy, format, length or module:function")
+    room = config.training.seq_len - g.max_completion
+    if room < 16:
+        raise ValueError(
+            f"--training.seq_len={config.training.seq_len} leaves {room} prompt tokens beside GRPO_MAX_COMPLETION="
+            f"{g.max_completion}: at least 16 are needed"
+        )
+    wanted, per_step = tuning.batch(config, world)
+    local, micro_steps = config.training.local_batch_size, wanted // per_step
+    if local * micro_steps % g.generations:
+        raise ValueError(
+            f"GRPO_GENERATIONS={g.generations} does not divide the completions a step trains on each rank, local "
+            f"batch {local} x {micro_steps} micro-steps: BATCH_SIZE a multiple of {g.generations} x "
+            f"{per_step // local} data-parallel ranks, or fewer generations"
+        )
+    if config.dataloader.validation or config.dataloader.epochs:
+        raise ValueError("METHOD=grpo: VALIDATION and EPOCHS are not built for prompt-only data yet")
+    if g.beta and not config.preference.reference and not lora:
+        if not (config.checkpoint.initial_load_in_hf and config.checkpoint.initial_load_path):
+            raise ValueError(
+                "GRPO_BETA above 0 needs a reference model: INIT_FROM (its weights, frozen), LORA_RANK (the base "
+                "with the adapters off) or DPO_REFERENCE (a model folder)"
+            )
+        config.preference.reference = config.checkpoint.initial_load_path
+    config.dataloader.prompts = local * micro_steps // g.generations
+    reference = (config.preference.reference or "the base model (LoRA adapters off)") if g.beta else "none"
+    return (
+        f"grpo: {g.loss} loss, {config.dataloader.prompts} prompts x {g.generations} generations a step on each "
+        f"rank, up to {g.max_completion} tokens at temperature {g.temperature:g}, rewards {g.rewards}, beta "
+        f"{g.beta:g} (reference {reference}), {g.iterations} iteration(s) per generation"
+    )
+
+
 def data_parallel(config, world: int) -> int:
     """The data-parallel degree of `config.parallelism` on `world` ranks, as torchtitan's Trainer derives it."""
     from torchtitan.distributed import ParallelDims
@@ -199,6 +240,8 @@ def finish(config, world: int, kind: str) -> Finished:
     done.lines += [preference] if preference else []
     if isinstance(config.dataloader, data.DataLoader.Config):
         config.dataloader.tokenizer_folder = data.tokenizer_of(config)  # the chat template of the model trained
+        grpo = configure_grpo(config, done.lora, world)  # before the validation and epochs it refuses
+        done.lines += [grpo] if grpo else []
         configure_validation(config)
         if config.dataloader.epochs:
             done.plan = data.epochs.plan(config, data_parallel(config, world))

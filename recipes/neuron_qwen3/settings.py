@@ -134,9 +134,10 @@ class Moe(Section):
 
 @dataclass(kw_only=True, slots=True)
 class Preference(Section):
-    method: Literal["sft", "dpo"] = "sft"
+    method: Literal["sft", "dpo", "grpo"] = "sft"
     """METHOD: sft trains on the data's tokens; dpo on preference pairs (chosen and rejected, data/pairs.py) against
-    a reference model (preference/)."""
+    a reference model (preference/); grpo on completions the model generates for prompt-only records, scored by
+    reward functions (rl/, the `grpo` section)."""
     beta: float = 0.1
     """DPO_BETA: how far the policy may move from the reference (TRL's beta)."""
     loss: Literal["sigmoid", "ipo"] = "sigmoid"
@@ -157,6 +158,68 @@ class Preference(Section):
             self.refuse("beta", "is not a positive number")
         if not _from(0, self.sft_weight):
             self.refuse("sft_weight", "is not a weight from 0")
+
+
+@dataclass(kw_only=True, slots=True)
+class Grpo(Section):
+    """METHOD=grpo, with TRL 1.16 GRPOConfig's names and defaults."""
+
+    generations: int = 8
+    """GRPO_GENERATIONS: completions per prompt, a group (TRL's num_generations); it divides the completions a step
+    trains on each rank (local batch x micro-steps)."""
+    max_completion: int = 512
+    """GRPO_MAX_COMPLETION: the most tokens a completion takes (max_completion_length)."""
+    temperature: float = 1.0
+    """GRPO_TEMPERATURE: the sampling temperature; the policy's log-probabilities are taken at it, as TRL's."""
+    top_p: float = 1.0
+    """GRPO_TOP_P: nucleus sampling; 1: off."""
+    top_k: int = 0
+    """GRPO_TOP_K: the k most likely tokens only; 0: off."""
+    beta: float = 0.0
+    """GRPO_BETA: the KL penalty's coefficient; 0: no reference model; above, the reference as DPO's (the base with
+    the adapters off under LoRA, else a frozen INIT_FROM)."""
+    epsilon: float = 0.2
+    """GRPO_EPSILON: the ratio's lower clip, 1 - epsilon."""
+    epsilon_high: float | None = None
+    """GRPO_EPSILON_HIGH: the ratio's upper clip, 1 + epsilon_high (DAPO's clip-higher); None: epsilon."""
+    loss: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = "dapo"
+    """GRPO_LOSS: how token losses are averaged: dapo over the step's completion tokens, grpo per completion then
+    over completions, dr_grpo over completions x max_completion, bnpo over the micro-batch's tokens (TRL's)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """GRPO_SCALE_REWARDS: advantages divided by the group's reward std, the whole batch's, or not at all."""
+    iterations: int = 1
+    """GRPO_ITERATIONS: optimizer steps on each generated batch (TRL's num_iterations); above 1 the ratio is taken
+    against the generator's log-probabilities."""
+    mask_truncated: Annotated[bool, tyro.conf.FlagConversionOff] = False
+    """GRPO_MASK_TRUNCATED: a completion cut by max_completion counts for nothing in the loss."""
+    rewards: str = ""
+    """GRPO_REWARDS: comma list of reward functions, built in (accuracy, format, length) or `module:function`
+    (TRL's signature), imported with the data's folder first on the path."""
+    reward_weights: str = ""
+    """GRPO_REWARD_WEIGHTS: comma list of weights, one per reward; empty: 1 each."""
+    seed: int = 0
+    """GRPO_SEED: the sampler's seed; each rank and step draws from its own stream of it, so a resumed run draws the
+    same completions."""
+
+    def check(self) -> None:
+        if self.generations < 2:
+            self.refuse("generations", "is below 2: a group's advantages need two completions")
+        if self.max_completion < 1:
+            self.refuse("max_completion", "is not a positive number of tokens")
+        if not _from(0, self.temperature, above=True):
+            self.refuse("temperature", "is not a positive temperature")
+        if not 0 < self.top_p <= 1:
+            self.refuse("top_p", "must be in (0, 1]")
+        if self.top_k < 0:
+            self.refuse("top_k", "is not 0 (off) or a positive number of tokens")
+        if not _from(0, self.beta):
+            self.refuse("beta", "is not a coefficient from 0")
+        for name in ("epsilon", "epsilon_high"):
+            value = getattr(self, name)
+            if value is not None and not _from(0, value):
+                self.refuse(name, "is not a clip range from 0")
+        if self.iterations < 1:
+            self.refuse("iterations", "is not a positive number of steps")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -257,6 +320,7 @@ class RunSettings:
     moe: Moe = field(default_factory=Moe)
     neuron: Neuron = field(default_factory=Neuron)
     preference: Preference = field(default_factory=Preference)
+    grpo: Grpo = field(default_factory=Grpo)
     report: Report = field(default_factory=Report)
     samples: Samples = field(default_factory=Samples)
     stop: Stop = field(default_factory=Stop)

@@ -27,6 +27,7 @@ from neuron_qwen3.moe import routing
 from neuron_qwen3.preference import method as preference
 from neuron_qwen3.quirks import devices, titan_exit_sleep, titan_logs
 from neuron_qwen3.report import data_read, run_report, samples
+from neuron_qwen3.rl import rewards, rollout
 from neuron_qwen3.run import divergence, same_config, stop, teardown
 from neuron_qwen3.settings import RunSettings
 
@@ -73,8 +74,9 @@ class RunHooks(Trainer):
         prepare = self.prepare_inputs  # the data step less the run hooks', for the extras' own forward passes
         try:
             self.dpo, self.held_out_dpo = preference.dpo_losses(self, prepare)  # METHOD=dpo; (None, None) under SFT
+            self.grpo, self.rollout = rollout.grpo_parts(self)  # METHOD=grpo; (None, None) otherwise
             self.sampler = samples.Sampler(self) if config.samples.prompts else None  # SAMPLE_PROMPTS
-        except data.DataError as error:
+        except (data.DataError, rewards.RewardError) as error:
             raise fail_on_data(error) from None
         dims, model = self.parallel_dims, self.model_parts[0]
         loss_group = dims.get_optional_mesh("loss").get_group() if dims.dp_cp_enabled else None
@@ -123,13 +125,16 @@ class RunHooks(Trainer):
     # ---- a training micro-step ----------------------------------------------------------------------------
 
     def post_dataloading_process(self, input_dict, labels):
-        """torchtitan's, less the window's `real` marks, which tell the MoE router watch the tokens that count, and
-        a pairs window's `record`s; with DPO, the reference's pass on the micro-step (before the router watch
-        records the policy's)."""
+        """torchtitan's, less the window's `real` marks, which tell the MoE router watch the tokens that count, a
+        pairs window's `record`s and a GRPO row's advantage and generated log-probabilities; with DPO or GRPO's
+        KL, the reference's pass on the micro-step (before the router watch records the policy's)."""
         real, records = input_dict.pop("real", None), input_dict.pop("record", None)
+        generated = {key: input_dict.pop(key) for key in ("advantages", "old") if key in input_dict}  # GRPO's rows
         inputs, labels, extra = self.prepare_inputs(input_dict, labels)
         if self.dpo is not None:
             self.dpo.reference_pass(inputs, labels, extra, records)
+        if self.grpo is not None:
+            self.grpo.prepare(inputs, labels, extra, generated)
         if self.router_watch is not None:
             self.router_watch.start(real)
         return inputs, labels, extra
@@ -146,9 +151,9 @@ class RunHooks(Trainer):
         return extra
 
     def training_loss(self, pred, labels, global_valid_tokens, **kwargs):
-        """What a micro-step trains on: the data's cross-entropy, or the DPO loss under METHOD=dpo; then, on a MoE
-        model, the router losses (load balancing, z) added."""
-        objective = self.dpo if self.dpo is not None else self.cross_entropy
+        """What a micro-step trains on: the data's cross-entropy, the DPO loss under METHOD=dpo, or the GRPO loss
+        under METHOD=grpo; then, on a MoE model, the router losses (load balancing, z) added."""
+        objective = next((o for o in (self.dpo, self.grpo) if o is not None), self.cross_entropy)
         loss, *rest = objective(pred, labels, global_valid_tokens, **kwargs)
         if self.router_watch is not None:
             loss = loss + self.router_watch.loss().to(loss.device, loss.dtype)
@@ -172,6 +177,9 @@ class RunHooks(Trainer):
             extra.update(routing.metrics(load) if load else {})
         if self.dpo is not None:
             extra.update(self.dpo.interval() or {})
+        if self.grpo is not None:
+            extra.update(self.rollout.interval())
+            extra.update(self.grpo.interval())
         self.titan_log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
         self.loss_watch.judge(step, global_avg_loss)
 
@@ -245,10 +253,14 @@ class RunHooks(Trainer):
             self.validator.validate(self.model_parts, step)
 
     def batch_generator(self, data_iterable):
-        """torchtitan's, with a bad record met while training as its one line and exit 2."""
+        """torchtitan's, or under METHOD=grpo the rollout's micro-batches of generated completions; a bad record
+        or a failing reward function met while training is its one line and exit 2."""
         try:
-            yield from super().batch_generator(data_iterable)
-        except data.DataError as error:
+            if self.rollout is not None:
+                yield from self.rollout.batches(iter(data_iterable))
+            else:
+                yield from super().batch_generator(data_iterable)
+        except (data.DataError, rewards.RewardError) as error:
             self.close()  # stock torchtitan.train closes the trainer on Exception only, not on SystemExit
             raise fail_on_data(error) from None
 

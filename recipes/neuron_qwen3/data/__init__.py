@@ -11,7 +11,7 @@ mix.py          DATASET as a mix of local sources with weights: each epoch's rec
 loader.py       `DataLoader`, the torchtitan dataloader, and its Config (training or validation records)
 epochs.py       EPOCHS: the steps N passes take, counted from the packed data
 scan.py         `scan`: a whole local file checked before launch; `render_first`: its first record rendered;
-                `method_problem`: pairs without METHOD=dpo, or dpo without pairs
+                `method_problem`: the data's kind against METHOD (pairs for dpo, prompts alone for grpo)
 """
 
 from neuron_qwen3.data import epochs, mix

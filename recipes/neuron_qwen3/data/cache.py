@@ -123,7 +123,8 @@ class Tokens:
 
 
 class Uncached(Exception):
-    """A source the cache does not keep (preference pairs: two documents a record), read as a table instead."""
+    """A source the cache does not keep (preference pairs: two documents a record; prompts alone), read as a table
+    instead."""
 
 
 def prepare(cache_dir: str, source: str, field: str, train_on: str, folder: str, processes: int = 0) -> Tokens:
@@ -211,6 +212,8 @@ def build(final: str, source: str, field: str, train_on: str, folder: str, proce
         raise Uncached(
             f"{source}: preference pairs are tokenized as they are read (the cache keeps one document a record)"
         )
+    if kind == "prompt":
+        raise Uncached(f"{source}: prompts alone are rendered as they are answered (the cache keeps trained documents)")
     processes = processes or (1 if count < SERIAL else len(os.sched_getaffinity(0)))
     chunk = chunk or min(CHUNK[1], max(CHUNK[0], -(-count // (8 * processes))))
     spans = [(k, start, min(start + chunk, count)) for k, start in enumerate(range(0, count, chunk))]

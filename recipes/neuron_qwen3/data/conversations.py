@@ -27,7 +27,8 @@ def _short(value) -> str:
 
 
 def kind(record: dict, field: str) -> str:
-    """'text', 'chat' or 'pair' (a preference pair: chosen and rejected, data/pairs.py), from one record."""
+    """'text', 'chat', 'pair' (a preference pair: chosen and rejected, data/pairs.py) or 'prompt' (a prompt alone,
+    TRL's prompt-only record, which METHOD=grpo answers), from one record."""
     if "chosen" in record and "rejected" in record:
         return "pair"
     value = record.get(field)
@@ -35,6 +36,8 @@ def kind(record: dict, field: str) -> str:
         return "text"
     if isinstance(value, list) or (value is None and "prompt" in record and "completion" in record):
         return "chat"
+    if value is None and "prompt" in record:
+        return "prompt"
     if field not in record:
         raise Problem(f"no field DATASET_FIELD={field!r} (the record has: {', '.join(sorted(record)) or 'none'})")
     raise Problem(f"DATASET_FIELD={field!r} is neither a string (text) nor a list of messages: {_short(value)}")
@@ -68,6 +71,18 @@ def conversation(record: dict, field: str, answered: bool = True) -> tuple[list,
         messages = [_openai(k, m) for k, m in enumerate(value, 1)]
     _check_turns(messages, answered)
     return ([system] if system else []) + messages, _tools(record.get("tools"))
+
+
+def prompt(record: dict) -> tuple[str | None, list | None, list | None]:
+    """TRL's prompt-only record (METHOD=grpo): (text, None, None) for a standard prompt, raw text no chat template
+    wraps, as TRL tokenizes it; (None, messages, tools) for a conversational one, a list of messages to answer."""
+    value = record["prompt"]
+    if isinstance(value, str):
+        return value, None, None
+    if not isinstance(value, list):
+        raise Problem(f"prompt is neither a string nor a list of messages: {_short(value)}")
+    messages, tools = conversation({"messages": value, "tools": record.get("tools")}, "messages", answered=False)
+    return None, messages, tools
 
 
 def _prompt_completion(record: dict) -> list:

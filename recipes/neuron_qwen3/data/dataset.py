@@ -194,6 +194,37 @@ class PackedDataset(IterableDataset, Stateful):
             self.by_source = [list(pair) for pair in state["by_source"]]
 
 
+class PromptDataset(IterableDataset, Stateful):
+    """Prompt-only records (METHOD=grpo), each `(origin, record)` as read: the generator renders and answers them
+    (rl/rollout.py), so nothing is tokenized or packed here. The reader's position is the state."""
+
+    def __init__(self, reader, infinite: bool):
+        self.reader, self.infinite, self.records = reader, infinite, 0
+
+    def __iter__(self):
+        while True:
+            item = self.reader.next()
+            if item is not None:
+                self.records += 1
+                yield self.reader.origin(item[0]), item[1]
+                continue
+            logger.info(f"data: epoch {self.reader.epoch} read: {self.records} prompts")
+            if not self.infinite:
+                return
+            self.reader.next_epoch()
+
+    def stats(self) -> dict:
+        found = {**dict.fromkeys(COUNTS, 0), "tokens_padding": 0}  # tokens are the rollout's, not read here
+        return {"kind": "prompt", "epoch": self.reader.epoch, **found, "records": self.records}
+
+    def state_dict(self) -> dict:
+        return {"reader": self.reader.state_dict(), "records": self.records}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reader.load_state_dict(state["reader"])
+        self.records = state["records"]
+
+
 class Shares(IterableDataset):
     """The validation set, whole, once, for torchtitan's Validator: every rank packs all of it alike (`packed`,
     one pass) and keeps every `world`-th window from its `rank`, then adds blank windows up to the same number of

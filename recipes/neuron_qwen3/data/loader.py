@@ -18,7 +18,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.tools.logging import logger
 
 from neuron_qwen3.data import cache, mix, records
-from neuron_qwen3.data.dataset import PackedDataset, Shares, kind_of
+from neuron_qwen3.data.dataset import PackedDataset, PromptDataset, Shares, kind_of
 from neuron_qwen3.data.records import DataError
 from neuron_qwen3.data.tokens import TRAIN_ON, Encoder
 
@@ -186,6 +186,10 @@ class DataLoader(ParallelAwareDataloader):
         """A model folder whose tokenizer and chat template render the data; empty: INIT_FROM's folder when it
         has a tokenizer, else the trainer's (hf_assets_path); set by the trainer before it builds the loader"""
 
+        prompts: int = 0
+        """Prompt-only records (METHOD=grpo): the prompts a batch holds, a step's on this rank; set by the trainer
+        (finish.py)"""
+
         cache_dir: str = ""
         """The token cache of local tables (neuron_qwen3/data/cache.py): each record tokenized once, in
         parallel, for every rank and every later run; the launcher sets CACHE_DIR/tokens. Empty: tokenized as
@@ -212,6 +216,7 @@ class DataLoader(ParallelAwareDataloader):
         tokenizer = own_tokenizer(tokenizer, config.tokenizer_folder)
         pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
         encoder = Encoder(tokenizer, config.train_on)
+        collate = None  # torch's: windows stacked
         if config.split == "validation":
             table, indices, found = validation_records(config, tokenizer.tokenizer_path)
             reader = table_reader(table, records.Order(indices, config.seed, 0, 1))  # the whole set, each rank
@@ -239,17 +244,23 @@ class DataLoader(ParallelAwareDataloader):
                 + (f", train_on={config.train_on}" if found == "chat" else "")
                 + (f", {config.epochs} epochs" if config.epochs else "")
             )
-            dataset = PackedDataset(
-                reader,
-                found,
-                config.field,
-                encoder,
-                seq_len,
-                pad,
-                config.infinite,
-                config.epochs,
-                tokens=cached(reader),
-            )
+            if found == "prompt":  # METHOD=grpo: a batch is the step's prompts, answered by the generator
+                if config.prompts < 1:
+                    raise DataError(f"DATASET: {config.source} holds prompt-only records: train them with METHOD=grpo")
+                dataset, local_batch_size = PromptDataset(reader, config.infinite), config.prompts
+                collate = list  # the records as read
+            else:
+                dataset = PackedDataset(
+                    reader,
+                    found,
+                    config.field,
+                    encoder,
+                    seq_len,
+                    pad,
+                    config.infinite,
+                    config.epochs,
+                    tokens=cached(reader),
+                )
         self.cache = cached(reader).stats() if cached(reader) else None
         super().__init__(
             dataset,
@@ -261,6 +272,7 @@ class DataLoader(ParallelAwareDataloader):
             prefetch_factor=config.prefetch_factor,
             snapshot_every_n_steps=snapshot_every_n_steps,
             batch_size=local_batch_size,
+            collate_fn=collate,
         )
 
     def stats(self) -> dict:

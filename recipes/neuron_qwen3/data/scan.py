@@ -38,8 +38,11 @@ def scan(
             try:
                 result.kind = result.kind or conversations.kind(record, field)
                 found = result.kind
-                if encoder:
+                if encoder and found != "prompt":  # a prompt is rendered by the generator's side (rl/rollout.py)
                     count(result.counts, *documents(record, found, field, encoder, seq_len))
+                elif found == "prompt":
+                    conversations.prompt(record)
+                    result.counts["records"] += 1
                 elif found == "pair":
                     pairs.pair(record)
                     result.counts["records"] += 1
@@ -82,12 +85,15 @@ def render_first(path: str, field: str, train_on: str, tokenizer_folder: str) ->
     return None
 
 
-def method_problem(dpo: bool, kind: str | None, path: str) -> str | None:
-    """The data's kind against METHOD: preference pairs train with dpo, and only they do."""
-    if kind is None or dpo == (kind == "pair"):
+def method_problem(method: str, kind: str | None, path: str) -> str | None:
+    """The data's kind against METHOD: preference pairs train with dpo, prompts alone with grpo, and only they do."""
+    wanted = {"dpo": "pair", "grpo": "prompt"}
+    if kind is None or wanted.get(method) == kind or (method not in wanted and kind not in wanted.values()):
         return None
-    return (
-        f"DATASET: {path} holds {kind} records; METHOD=dpo trains on preference pairs (prompt, chosen, rejected)"
-        if dpo
-        else f"DATASET: {path} holds preference pairs (chosen, rejected): train them with METHOD=dpo"
-    )
+    if method == "dpo":
+        return f"DATASET: {path} holds {kind} records; METHOD=dpo trains on preference pairs (prompt, chosen, rejected)"
+    if method == "grpo":
+        return f"DATASET: {path} holds {kind} records; METHOD=grpo trains on prompt-only records (a `prompt` field)"
+    if kind == "pair":
+        return f"DATASET: {path} holds preference pairs (chosen, rejected): train them with METHOD=dpo"
+    return f"DATASET: {path} holds prompt-only records (no completion): train them with METHOD=grpo"

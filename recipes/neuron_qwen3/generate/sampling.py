@@ -2,8 +2,9 @@
 
 Every op keeps the [slots, vocab] shape (a filter sets entries to -inf, it never slices to a data-dependent size),
 so the filters compile to one graph whatever the settings' effect on a row. The log-probability returned with each
-token is the unfiltered model's at temperature 1, log_softmax(logits.float())[token], the number that the training
-forward computes and that online RL (GRPO) compares the policy's with. The random draw uses a torch.Generator on the
+token is the unfiltered model's at the sampling temperature (1 when greedy), log_softmax(logits.float() / T)[token],
+the number that the training forward computes and that online RL (GRPO, whose policy log-probabilities TRL takes at
+the sampling temperature) compares the policy's with. The random draw uses a torch.Generator on the
 CPU, whose stream is the same on every accelerator and is saved and restored with get_state/set_state, so that a
 seed gives the same tokens on any device and after a resume; a sampled draw takes slots x vocab numbers from it
 whatever the logits, so its position in the stream depends only on the shapes.
@@ -78,20 +79,22 @@ def filtered_logits(logits: Tensor, sampling: Sampling) -> Tensor:
     return scores
 
 
-def logprobs_of(logits: Tensor, tokens: Tensor) -> Tensor:
-    """[S] float32: log_softmax(logits.float(), -1) at tokens ([S]), upcasting at most _VOCAB_CHUNK columns at a
-    time: the row's max, the sum of exp(logit - max) chunk by chunk, and the token's logit - max - log(sum)."""
-    top = logits.amax(-1, keepdim=True).float()
-    total = sum((chunk.float() - top).exp().sum(-1) for chunk in logits.split(_VOCAB_CHUNK, dim=-1))
-    return (logits.gather(-1, tokens[:, None]).float() - top).squeeze(-1) - total.log()
+def logprobs_of(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
+    """[S] float32: log_softmax(logits.float() / temperature, -1) at tokens ([S]), upcasting at most _VOCAB_CHUNK
+    columns at a time: the row's max, the sum of exp(logit - max) chunk by chunk, and the token's logit - max -
+    log(sum)."""
+    top = logits.amax(-1, keepdim=True).float() / temperature
+    total = sum((chunk.float() / temperature - top).exp().sum(-1) for chunk in logits.split(_VOCAB_CHUNK, dim=-1))
+    return (logits.gather(-1, tokens[:, None]).float() / temperature - top).squeeze(-1) - total.log()
 
 
 def draw(logits: Tensor, sampling: Sampling, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """(tokens [S] int64, their log-probabilities [S] float32 under the unfiltered model at temperature 1), on the
-    logits' device. Greedy: argmax (ties to the lowest index), the generator untouched. Sampled: an exponential race
-    on the generator's device (the CPU's for reproducibility): with E_i ~ Exp(1), argmax_i (p_i / E_i) is token i
-    with probability p_i / sum(p) exactly, taken in log space (filtered - log E) so that no probability underflows;
-    torch.multinomial's one-sample path is the same race, less its host-side check of the probabilities."""
+    """(tokens [S] int64, their log-probabilities [S] float32 under the unfiltered model at the sampling temperature,
+    1 when greedy), on the logits' device. Greedy: argmax (ties to the lowest index), the generator untouched.
+    Sampled: an exponential race on the generator's device (the CPU's for reproducibility): with E_i ~ Exp(1),
+    argmax_i (p_i / E_i) is token i with probability p_i / sum(p) exactly, taken in log space (filtered - log E)
+    so that no probability underflows; torch.multinomial's one-sample path is the same race, less its host-side
+    check of the probabilities."""
     if sampling.greedy:
         tokens = logits.argmax(-1)
     else:
@@ -99,4 +102,4 @@ def draw(logits: Tensor, sampling: Sampling, generator: torch.Generator) -> tupl
         race = torch.empty_like(filtered).exponential_(generator=generator)
         # An Exp(1) draw of 0 would make -inf - log(0) NaN, which argmax would pick: clamp to the smallest float.
         tokens = (filtered - race.clamp_min_(torch.finfo(torch.float32).tiny).log()).argmax(-1).to(logits.device)
-    return tokens, logprobs_of(logits, tokens)
+    return tokens, logprobs_of(logits, tokens, sampling.temperature or 1.0)

@@ -14,7 +14,7 @@ def dpo_losses(trainer, prepare) -> tuple[Dpo | None, Dpo | None]:
     first pass."""
     settings = trainer.config.preference
     kind = getattr(getattr(trainer.dataloader, "dataset", None), "kind", None)  # the project's loader's
-    problem = data.method_problem(settings.method == "dpo", kind, trainer.config.dataloader.source)
+    problem = data.method_problem(settings.method, kind, trainer.config.dataloader.source)
     if problem:  # a Hub dataset, which the pre-launch pass does not read
         raise data.DataError(problem)
     if settings.method != "dpo":

@@ -8,7 +8,8 @@
   of the training and validation tables at the first step (`first_pass`), every start; the steps look each pair's
   sums up by its record, and a Frozen model is freed.
 
-Each gives `sums(inputs, labels, extra, records)`: the reference's [B, L/2, 2] sequence log-probabilities.
+AdaptersOff and Frozen give `logits(inputs, extra)` (GRPO's KL reads them), and each gives `sums(inputs, labels,
+extra, records)`: the reference's [B, L/2, 2] sequence log-probabilities.
 """
 
 import contextlib
@@ -47,9 +48,12 @@ class AdaptersOff:
             for adapter, scale in zip(self.adapters, scales):
                 adapter.scale = scale
 
-    def sums(self, inputs, labels, extra: dict, records=None) -> torch.Tensor:
+    def logits(self, inputs, extra: dict) -> torch.Tensor:
         with self._off():
-            logps = token_logps(logits_of(self.model, self.model(inputs, **extra)), labels)
+            return logits_of(self.model, self.model(inputs, **extra))
+
+    def sums(self, inputs, labels, extra: dict, records=None) -> torch.Tensor:
+        logps = token_logps(self.logits(inputs, extra), labels)
         return pair_sums(logps, labels, extra["positions"])[0]
 
 
@@ -80,8 +84,11 @@ class Frozen:
         self.model = model
         logger.info(f"DPO reference: {folder} loaded in {time.monotonic() - begin:.2f} s, sharded as the policy")
 
+    def logits(self, inputs, extra: dict) -> torch.Tensor:
+        return logits_of(self.model, self.model(inputs, **extra))
+
     def sums(self, inputs, labels, extra: dict, records=None) -> torch.Tensor:
-        logps = token_logps(logits_of(self.model, self.model(inputs, **extra)), labels)
+        logps = token_logps(self.logits(inputs, extra), labels)
         return pair_sums(logps, labels, extra["positions"])[0]
 
 

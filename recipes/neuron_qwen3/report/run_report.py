@@ -9,7 +9,10 @@ losses) and, when the interval is that step alone, its cross-entropy apart (`los
 the router losses); summary.json's `moe` is the last interval's worst layer, experts.png its tokens per expert.
 With METHOD=dpo each step's line, and each validation line, also holds `dpo`: the means over the pairs of the
 DPO loss, the rewards (chosen, rejected, margin), the preference accuracy and the log-probabilities, and the SFT
-term (preference/dpo.py); summary.json's `dpo` is the last logged step's, dpo.png draws them.
+term (preference/dpo.py); summary.json's `dpo` is the last logged step's, dpo.png draws them. With METHOD=grpo
+each step's line holds `grpo`: each reward's mean and std, completion lengths, the clipped and zero-std shares,
+entropy, KL, the sampler's difference from the learner, and the interval's seconds generating, scoring and
+training (rl/); summary.json's `grpo` is the last logged step's.
 summary.json's `data` is what the data gave up to the last logged step, over every rank (data_read.py): records,
 tokens trained, masked and padding, a mix's records and tokens by source, and the token cache's hit and time.
 
@@ -78,10 +81,11 @@ def record_of(metrics: dict, step: int, steps_since_last: int, world_size: int, 
     }
 
 
-def _dpo(metrics: dict, prefix: str) -> dict:
-    """METHOD=dpo: {"dpo": the means over the pairs (preference/dpo.py)}, or {}."""
+def _method(metrics: dict, prefix: str, name: str) -> dict:
+    """{name: the metrics under `prefix`}, or {}: METHOD=dpo's means over the pairs (preference/dpo.py), METHOD=
+    grpo's rewards, completions, clipping and timings (rl/)."""
     found = {key[len(prefix) :]: value for key, value in metrics.items() if key.startswith(prefix)}
-    return {"dpo": found} if found else {}
+    return {name: found} if found else {}
 
 
 def moe_record(load: dict) -> dict:
@@ -178,7 +182,7 @@ class ReportLogger(BaseLogger):
     def log(self, metrics, step):
         if "validation_metrics/loss" in metrics:  # the validator's: the mean loss over the validation set
             record = {"step": step, "time": time.time(), "validation_loss": metrics["validation_metrics/loss"]}
-            self._write({**record, **_dpo(metrics, "validation_metrics/dpo/")}, self.validations)
+            self._write({**record, **_method(metrics, "validation_metrics/dpo/", "dpo")}, self.validations)
             return
         if "loss_metrics/global_avg_loss" not in metrics:
             return
@@ -190,7 +194,8 @@ class ReportLogger(BaseLogger):
             record["moe"] = moe_record(load)
             if since == 1:  # else the load's losses are the interval's means, the loss the last step's alone
                 record["loss_ce"] = loss_ce(record["loss"], load, self.router.aux_coef, self.router.z_coef)
-        record.update(_dpo(metrics, "dpo/"))
+        record.update(_method(metrics, "dpo/", "dpo"))
+        record.update(_method(metrics, "grpo/", "grpo"))
         self.last_step = step
         self._write(record, self.records)
         now = self.clock()
@@ -327,6 +332,7 @@ class RunReport:
             "versions": versions(),
             **({"moe": moe} if moe else {}),  # a dense model: no key
             **({"dpo": dpo[-1]["dpo"]} if (dpo := [r for r in records if "dpo" in r]) else {}),  # the last logged
+            **({"grpo": grpo[-1]["grpo"]} if (grpo := [r for r in records if "grpo" in r]) else {}),
             "data": getattr(trainer, "data_read", None) and trainer.data_read.last,  # report/data_read.py
             **({"samples": trainer.sampler.stats()} if getattr(trainer, "sampler", None) else {}),  # samples.py
         }

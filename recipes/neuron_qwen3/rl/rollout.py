@@ -1,0 +1,275 @@
+"""METHOD=grpo's data: each generation, this rank's prompts answered GRPO_GENERATIONS times by the generator (the
+model being trained, KV cache, fixed shapes), scored by the reward functions on the host, and laid out as the
+micro-batches the step trains on.
+
+A completion is one row of seq_len + 1 tokens, [prompt][completion][pad], its labels IGNORE_INDEX but on the
+completion's tokens (its stop token included, as TRL's completion mask; none for a truncated completion under
+GRPO_MASK_TRUNCATED), with the row's advantage and the generator's log-probability of each label; the advantages
+are the whole generation's, so a group may span micro-batches. The sampler draws from a stream seeded by
+(GRPO_SEED, rank, step): a resumed run draws the same completions with no saved state.
+"""
+
+import os
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torchtitan.components.dataloader import DataloaderExhaustedError
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.tools.logging import logger
+
+from neuron_qwen3 import data
+from neuron_qwen3.data import conversations
+from neuron_qwen3.data.conversations import Problem
+from neuron_qwen3.data.records import DataError
+from neuron_qwen3.data.tokens import Encoder
+from neuron_qwen3.generate.engine import Generator
+from neuron_qwen3.generate.plan import MOST_BUCKETS, SMALLEST_BUCKET, Plan
+from neuron_qwen3.generate.sampling import Sampling
+from neuron_qwen3.preference.reference import AdaptersOff, Frozen
+from neuron_qwen3.report import samples
+from neuron_qwen3.rl import rewards as reward_functions
+from neuron_qwen3.rl.grpo import GrpoLoss, advantages
+
+SLOTS = 32  # the most completions generated at once; more go in further waves
+
+
+def grpo_parts(trainer) -> tuple:
+    """(the loss, the rollout) of METHOD=grpo on a built trainer; (None, None) under another method. RewardError:
+    a reward function that cannot be loaded."""
+    config = trainer.config
+    if config.preference.method != "grpo":
+        return None, None
+    dims = trainer.parallel_dims
+    assert not (dims.pp_enabled or dims.cp_enabled or dims.tp_enabled), (
+        "METHOD=grpo runs on data-parallel (FSDP) ranks: no pipeline, context or tensor parallelism"
+    )
+    g, model = config.grpo, trainer.model_parts[0]
+    group = dims.get_optional_mesh("loss").get_group() if dims.dp_cp_enabled else None
+    reference = None
+    if g.beta:  # finish.py resolved it: a model folder, or the base with the adapters off
+        reference = Frozen(trainer, config.preference.reference) if config.preference.reference else AdaptersOff(model)
+    paths = data.mix.local_paths(config.dataloader.source) or ()
+    folders = tuple(dict.fromkeys(p if os.path.isdir(p) else os.path.dirname(os.path.abspath(p)) for p in paths))
+    rewards = reward_functions.load(g.rewards, g.reward_weights, g.max_completion, folders)
+    ranks = dims.dp_replicate * dims.dp_shard
+    loss = GrpoLoss(model, g, trainer.gradient_accumulation_steps, ranks, reference, group)
+    return loss, Rollout(trainer, rewards, group)
+
+
+def plan_of(config) -> Plan:
+    """The generator's shapes: the step's completions on this rank (up to SLOTS) at once, prompts in up to four
+    power-of-two buckets up to the room GRPO_MAX_COMPLETION leaves in the window."""
+    room = config.training.seq_len - config.grpo.max_completion
+    sizes = sorted({min(room, 1 << k) for k in range(SMALLEST_BUCKET.bit_length() - 1, room.bit_length() + 1)})
+    per_step = config.training.local_batch_size * accumulation_of(config)
+    return Plan(slots=min(per_step, SLOTS), buckets=tuple(sizes[-MOST_BUCKETS:]), new_tokens=config.grpo.max_completion)
+
+
+def accumulation_of(config) -> int:
+    """The micro-steps of a step: the global batch over local batch x data-parallel ranks (finish.py resolved it)."""
+    from neuron_qwen3.finish import data_parallel
+
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return config.training.global_batch_size // (config.training.local_batch_size * data_parallel(config, world))
+
+
+def stream_seed(seed: int, rank: int, step: int) -> int:
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+
+
+class Rollout:
+    """`batches(prompts)`: the trainer's data iterator under METHOD=grpo, over the loader's batches of prompts."""
+
+    def __init__(self, trainer, rewards, loss_group=None):
+        config = trainer.config
+        self.trainer, self.config, self.rewards, self.group = trainer, config.grpo, rewards, loss_group
+        self.tokenizer = samples.tokenizer_of(config)
+        self.encoder = Encoder(self.tokenizer)
+        self.seq_len, self.batch = config.training.seq_len, config.training.local_batch_size
+        self.plan = plan_of(config)
+        self.generator = Generator(
+            trainer.model_parts[0], self.plan, samples.stop_ids(self.tokenizer), pad_id=self.pad_id
+        )
+        for phase, shape in self.plan.shapes():
+            logger.info(f"grpo: the generator's {phase} shape {list(shape)}")
+        self.sampling = Sampling(temperature=self.config.temperature, top_k=self.config.top_k, top_p=self.config.top_p)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.buffer, self.left = [], 0
+        self.sums, self.longest, self.since = None, 0.0, time.perf_counter()
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.eos_id if self.tokenizer.eos_id is not None else 0
+
+    def batches(self, prompts):
+        """Micro-batches for the trainer's steps: one generation serves GRPO_ITERATIONS steps."""
+        metrics = self.trainer.metrics_processor
+        while True:
+            loading = 0.0  # reading the prompts, as torchtitan counts a batch's (generating is apart)
+            if not self.left:
+                began = time.perf_counter()
+                try:
+                    batch = next(prompts)
+                except StopIteration as ex:
+                    raise DataloaderExhaustedError() from ex
+                loading = time.perf_counter() - began
+                self.buffer, self.left = self.generate(batch), self.config.iterations
+            self.left -= 1
+            for inputs, labels in self.buffer:
+                metrics.ntokens_since_last_log += labels.numel()
+                metrics.data_loading_times.append(loading)
+                loading = 0.0
+                yield dict(inputs), labels  # a copy: the trainer pops the rollout columns from it
+
+    def prompt_ids(self, origin: str, record: dict) -> tuple:
+        """(ids, the prompt as the rewards see it, conversational)."""
+        try:
+            text, messages, tools = conversations.prompt(record)
+            if messages is None:
+                ids = self.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
+            else:
+                thinking = record.get("enable_thinking")
+                if thinking is not None and not isinstance(thinking, bool):
+                    raise Problem(f"enable_thinking is not true or false: {thinking!r}")
+                ids = self.encoder.prompt(messages, tools, thinking)
+        except Problem as problem:
+            raise DataError(f"{origin}: {problem}") from None
+        room = self.plan.buckets[-1]
+        if len(ids) > room:
+            raise DataError(
+                f"{origin}: {len(ids)} prompt tokens; the window leaves {room} beside GRPO_MAX_COMPLETION="
+                f"{self.config.max_completion}: shorten the prompt, lower GRPO_MAX_COMPLETION or raise seq_len"
+            )
+        return ids, record["prompt"], messages is not None
+
+    def generate(self, batch: list) -> list:
+        """This rank's prompts (`batch`: (origin, record) pairs) answered, scored and laid out in micro-batches."""
+        g = self.config.generations
+        asked = [self.prompt_ids(origin, record) for origin, record in batch]
+        model = self.trainer.model_parts[0]
+        rng = torch.Generator().manual_seed(stream_seed(self.config.seed, self.rank, self.trainer.step))
+        began = time.perf_counter()
+        model.eval()
+        try:
+            answers = self.generator.generate([ids for ids, _, _ in asked for _ in range(g)], self.sampling, rng)
+        finally:
+            model.train()
+        generating = time.perf_counter() - began
+        texts = [self.tokenizer.decode(a.tokens, skip_special_tokens=True) for a in answers]
+        every = [k // g for k in range(len(answers))]  # each completion's prompt
+        completions = [
+            [{"role": "assistant", "content": text}] if asked[p][2] else text for text, p in zip(texts, every)
+        ]
+        columns = {
+            key: [batch[p][1].get(key) for p in every] for key in batch[0][1] if key not in ("prompt", "completion")
+        }
+        per_function, seconds = self.rewards.score(
+            [asked[p][1] for p in every],
+            completions,
+            [a.tokens for a in answers],
+            columns,
+            [batch[p][0] for p in every],
+        )
+        total = self.rewards.total(per_function)
+        everyone = self._gathered(total) if self.config.scale_rewards == "batch" else None
+        found, zero_std = advantages(total, g, self.config.scale_rewards, everyone)
+        self._count(per_function, total, answers, zero_std, generating, sum(seconds.values()))
+        rows = [self._row(asked[p][0], a) for p, a in zip(every, answers)]
+        return [
+            self._micro_batch(rows[i : i + self.batch], found[i : i + self.batch])
+            for i in range(0, len(rows), self.batch)
+        ]
+
+    def _row(self, ids: list, answer) -> tuple:
+        sequence = ids + answer.tokens
+        row = torch.full((self.seq_len + 1,), self.pad_id, dtype=torch.long)
+        row[: len(sequence)] = torch.tensor(sequence)
+        labels = torch.full((self.seq_len,), IGNORE_INDEX, dtype=torch.long)
+        old = torch.zeros(self.seq_len, dtype=torch.float32)
+        first, end = len(ids) - 1, len(sequence) - 1  # the labels of the completion's tokens: [first, end)
+        if not (self.config.mask_truncated and answer.stop == "length"):
+            labels[first:end] = row[first + 1 : end + 1]
+        old[first:end] = torch.tensor(answer.logprobs, dtype=torch.float32)
+        real = torch.arange(self.seq_len) < len(sequence)
+        return row[:-1], labels, old, real
+
+    def _micro_batch(self, rows: list, advantages_B: torch.Tensor) -> tuple:
+        inputs, labels, old, real = (torch.stack(column) for column in zip(*rows))
+        positions = torch.arange(self.seq_len).expand(len(rows), -1).clone()
+        columns = {"input": inputs, "positions": positions, "real": real, "advantages": advantages_B, "old": old}
+        return columns, labels
+
+    def _gathered(self, total: torch.Tensor) -> torch.Tensor:
+        """Every rank's total rewards, for scale_rewards=batch (each rank generates as many)."""
+        if self.group is None:
+            return total
+        device = next(self.trainer.model_parts[0].parameters()).device
+        parts = [torch.empty_like(total, device=device) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(parts, total.to(device), group=self.group)
+        return torch.cat(parts).cpu()
+
+    def _count(self, per_function, total, answers, zero_std, generating: float, scoring: float) -> None:
+        """Sums over the logging interval: each reward's and the total's (sum, sum of squares, count), the
+        completions' lengths, the truncated ones, the groups of zero reward std, the seconds generating and
+        scoring."""
+        lengths = torch.tensor([len(a.tokens) for a in answers], dtype=torch.float64)
+        found = []
+        for column in [*per_function.T.double(), total.double()]:
+            kept = column[~column.isnan()]
+            found += [kept.sum(), (kept**2).sum(), float(kept.numel())]
+        g = self.config.generations
+        found += [
+            lengths.sum(),
+            float(len(answers)),
+            float(sum(a.stop == "length" for a in answers)),
+            float(zero_std.view(-1, g)[:, 0].sum()),
+            float(len(answers) // g),
+            generating,
+            scoring,
+        ]
+        step = torch.tensor([float(v) for v in found], dtype=torch.float64)
+        self.sums = step if self.sums is None else self.sums + step
+        self.longest = max(self.longest, float(lengths.max()))
+
+    def interval(self) -> dict:
+        """The interval's means over every rank (a collective): rewards (each function's and the total's mean and
+        std), completion lengths, the truncated share, the share of groups whose rewards are all equal, and how the
+        interval's seconds divide between generating, scoring and the rest, training (the slowest rank's)."""
+        if self.sums is None:
+            return {}
+        now = time.perf_counter()
+        sums, longest, self.sums, self.longest = self.sums, self.longest, None, 0.0
+        elapsed, self.since = now - self.since, now
+        if self.group is not None:
+            device = next(self.trainer.model_parts[0].parameters()).device
+            summed = sums.to(device)
+            dist.all_reduce(summed, group=self.group)
+            most = torch.tensor([longest, *sums[-2:].tolist()], dtype=torch.float64, device=device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)
+            sums = summed.cpu()
+            longest, seconds = float(most[0]), most[1:].cpu().tolist()
+        else:
+            seconds = sums[-2:].tolist()
+        values = sums.tolist()
+        found = {}
+        for k, name in enumerate([*(f"rewards/{n}" for n in self.rewards.names), "reward"]):
+            total, squares, count = values[3 * k : 3 * k + 3]
+            if count:
+                mean = total / count
+                found[f"grpo/{name}/mean"] = mean
+                found[f"grpo/{name}/std"] = max(squares / count - mean**2, 0.0) ** 0.5
+        lengths, completions, truncated, flat, groups = values[3 * (len(self.rewards.names) + 1) : -2]
+        found.update(
+            {
+                "grpo/completions/mean_length": lengths / completions,
+                "grpo/completions/max_length": longest,
+                "grpo/completions/truncated_share": truncated / completions,
+                "grpo/frac_reward_zero_std": flat / groups,
+                "grpo/time/generate_s": seconds[0],
+                "grpo/time/score_s": seconds[1],
+                "grpo/time/train_s": max(elapsed - seconds[0] - seconds[1], 0.0),
+            }
+        )
+        return found
