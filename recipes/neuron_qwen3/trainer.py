@@ -68,7 +68,8 @@ class RunHooks(Trainer):
             raise fail_on_data(error) from None
         footprint.log_state_bytes(self.optimizers, self.model_parts)  # gradients and optimizer bytes, LoRA or not
         d = config.divergence
-        self.loss_watch = divergence.LossWatch(d.policy, d.window, d.factor)  # a NaN or a spike stops the run
+        spikes = config.preference.method != "grpo"
+        self.loss_watch = divergence.LossWatch(d.policy, d.window, d.factor, spikes)  # a NaN or a spike stops the run
         self.stop_watch.join(config.comm)
         self.first_step = None
         prepare = self.prepare_inputs  # the data step less the run hooks', for the extras' own forward passes

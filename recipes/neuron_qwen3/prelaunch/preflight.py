@@ -18,7 +18,7 @@ checked, with the library that reads it:
 | init_from | no model folder, no weights, another architecture or shape than the run trains (DPO_REFERENCE too) | a complete checkpoint wins (not with LoRA) |
 | lora | no INIT_FROM, a target the model lacks, TP/EP/PP, an adapter INIT_FROM's base or settings, another base | |
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
-| dataset | a mix of another form than path:weight,... or of a missing file; a chat template that cannot render the first record (data.render_first); a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation or pair (data.scan, every record); pairs without METHOD=dpo, prompts alone without grpo, or either method without its data | |
+| dataset | a mix of another form than path:weight,... or of a missing file; a chat template that cannot render the first record (data.render_first); a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation or pair (data.scan, every record); pairs without METHOD=dpo, prompts alone without grpo, or either method without its data; a GRPO_REWARDS function that does not import | |
 | validation | no VALIDATION file, a bad record in it, a fraction of a streamed DATASET | |
 | samples | a SAMPLE_PROMPTS record that is no conversation to answer, or too long for the window beside SAMPLE_TOKENS (report/samples.py) | |
 | epochs | STEPS (`--training.steps`) beside EPOCHS, a streamed DATASET; else the line "N epochs = S steps of B sequences" (data.epochs, also for --dry-run) | |
@@ -406,6 +406,13 @@ def run(request: dict) -> dict:
                 + (f", {found.counts['turns']} turns" if found.counts["turns"] else "")
                 + f" in {path}"
             )
+    if getattr(getattr(config, "preference", None), "method", "sft") == "grpo":
+        from neuron_qwen3.rl import rewards
+
+        try:
+            rewards.of_run(config)  # the user's reward functions import here, as in every worker
+        except rewards.RewardError as error:
+            answer["problems"].append(str(error))
     return answer
 
 

@@ -2,9 +2,9 @@
 loss on the completions' tokens with an optional KL penalty to a reference.
 
 With r the ratio pi / pi_old of a completion token and A its completion's advantage, a token's loss is
--min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A) + beta KL, KL = exp(ref - logp) - (ref - logp) - 1 (the k3
-estimator). At one iteration per generation pi_old is pi detached (r = 1, TRL's shortcut); above, it is the
-generator's log-probability of the token.
+-min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A) + beta r KL, KL = exp(ref - logp) - (ref - logp) - 1 (the k3
+estimator, weighted by the ratio as TRL's default use_bias_correction_kl does). At one iteration per generation
+pi_old is pi detached (r = 1, TRL's shortcut); above, it is the generator's log-probability of the token.
 
 The token losses are averaged as GRPO_LOSS says. torchtitan sums each micro-step's loss over the accumulation
 steps and the data-parallel ranks' gradients, where TRL averages both (accelerate, DDP), so each average below is
@@ -29,7 +29,7 @@ def nanstd(values: torch.Tensor, dim=None) -> torch.Tensor:
     variance = torch.nanmean((values - mean) ** 2, dim=dim, keepdim=True)
     count = (~values.isnan()).sum(dim=dim, keepdim=True)
     variance = variance * count / (count - 1)
-    return variance.sqrt() if dim is None else variance.sqrt().squeeze(dim)
+    return variance.sqrt().squeeze() if dim is None else variance.sqrt().squeeze(dim)
 
 
 def advantages(rewards: torch.Tensor, generations: int, scale: str, everyone: torch.Tensor | None = None):
@@ -61,14 +61,14 @@ def token_logps(logits_BLV: torch.Tensor, labels_BL: torch.Tensor, temperature: 
 
 
 def token_losses(logps, old, reference, advantages_B, epsilon_low, epsilon_high, beta) -> tuple:
-    """(per-token loss [B, L], ratio [B, L], KL [B, L] or None): TRL's clipped surrogate plus beta x KL."""
+    """(per-token loss [B, L], ratio [B, L], r x KL [B, L] or None): TRL's clipped surrogate plus beta r KL."""
     ratio = torch.exp(logps - old)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     adv = advantages_B.unsqueeze(1)
     losses = -torch.min(ratio * adv, clipped * adv)
     kl = None
     if beta:
-        kl = torch.exp(reference - logps) - (reference - logps) - 1
+        kl = (torch.exp(reference - logps) - (reference - logps) - 1) * ratio  # TRL's use_bias_correction_kl
         losses = losses + beta * kl
     return losses, ratio, kl
 

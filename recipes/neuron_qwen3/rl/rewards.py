@@ -14,6 +14,7 @@ at the step that went wrong with a message that says where to look.
 import importlib
 import math
 import numbers
+import os
 import sys
 import threading
 import time
@@ -173,6 +174,17 @@ def load(names: str, weights: str, max_completion: int, search: tuple[str, ...] 
             f"({', '.join(entries)}): one per function, or empty for 1 each"
         )
     return Rewards(entries, funcs, values)
+
+
+def of_run(config) -> "Rewards":
+    """The rewards of a trainer config: GRPO_REWARDS imported with the folders of DATASET's local files first on
+    the path; the pre-launch pass and every worker load them alike."""
+    from neuron_qwen3.data import mix
+
+    paths = mix.local_paths(config.dataloader.source) or ()
+    folders = tuple(dict.fromkeys(p if os.path.isdir(p) else os.path.dirname(os.path.abspath(p)) for p in paths))
+    g = config.grpo
+    return load(g.rewards, g.reward_weights, g.max_completion, folders)
 
 
 class Rewards:

@@ -9,7 +9,6 @@ are the whole generation's, so a group may span micro-batches. The sampler draws
 (GRPO_SEED, rank, step): a resumed run draws the same completions with no saved state.
 """
 
-import os
 import time
 
 import numpy as np
@@ -19,7 +18,6 @@ from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import logger
 
-from neuron_qwen3 import data
 from neuron_qwen3.data import conversations
 from neuron_qwen3.data.conversations import Problem
 from neuron_qwen3.data.records import DataError
@@ -50,9 +48,7 @@ def grpo_parts(trainer) -> tuple:
     reference = None
     if g.beta:  # finish.py resolved it: a model folder, or the base with the adapters off
         reference = Frozen(trainer, config.preference.reference) if config.preference.reference else AdaptersOff(model)
-    paths = data.mix.local_paths(config.dataloader.source) or ()
-    folders = tuple(dict.fromkeys(p if os.path.isdir(p) else os.path.dirname(os.path.abspath(p)) for p in paths))
-    rewards = reward_functions.load(g.rewards, g.reward_weights, g.max_completion, folders)
+    rewards = reward_functions.of_run(config)
     ranks = dims.dp_replicate * dims.dp_shard
     loss = GrpoLoss(model, g, trainer.gradient_accumulation_steps, ranks, reference, group)
     return loss, Rollout(trainer, rewards, group)

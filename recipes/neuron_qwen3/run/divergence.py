@@ -40,9 +40,10 @@ class Diverged(SystemExit):
 
 
 class LossWatch:
-    def __init__(self, policy: str = "stop", window: int = 20, factor: float = 10.0):
-        """`window` and `factor` as settings.Divergence checks them."""
-        self.policy, self.factor = policy, factor
+    def __init__(self, policy: str = "stop", window: int = 20, factor: float = 10.0, spikes: bool = True):
+        """`window` and `factor` as settings.Divergence checks them; `spikes=False` judges a non-finite loss only
+        (GRPO's surrogate loss sits near 0 and swings with every batch's advantages: no spike means anything)."""
+        self.policy, self.factor, self.spikes = policy, factor, spikes
         self.losses = deque(maxlen=window)
 
     def verdict(self, step: int, loss: float) -> str | None:
@@ -51,7 +52,7 @@ class LossWatch:
             return f"step {step}: the loss is {loss}"
         history, line = list(self.losses), None
         self.losses.append(loss)
-        if len(history) >= MIN_HISTORY:
+        if self.spikes and len(history) >= MIN_HISTORY:
             median = statistics.median(history)
             spread = max(statistics.median(abs(x - median) for x in history), RELATIVE_FLOOR * abs(median))
             limit = median + self.factor * spread
