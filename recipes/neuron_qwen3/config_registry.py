@@ -192,10 +192,12 @@ globals().update({name: build for name, build in _flavor_configs().items() if na
 
 
 def _smoke_training(config):
-    """Bundled tokenizer, corpus and sample prompts, short sequences, ten steps, a fixed seed."""
+    """Bundled tokenizer, corpus and sample prompts, short sequences, ten steps, a fixed seed; GRPO's groups and
+    completions sized to the smoke batch and window."""
     config.hf_assets_path = str(SMOKE_TOKENIZER)
     config.dataloader = data.DataLoader.Config(source=str(SMOKE_CORPUS))
     config.samples = dataclasses.replace(config.samples, prompts=str(SMOKE_PROMPTS))
+    config.grpo = dataclasses.replace(config.grpo, generations=2, max_completion=32)
     config.training.steps = 10
     config.training.local_batch_size = 2
     config.training.seq_len = 256

@@ -12,6 +12,7 @@ workers' copy: report/config.json).
 import copy
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,9 +192,9 @@ def configure_grpo(config, lora, world: int) -> str | None:
     local, micro_steps = config.training.local_batch_size, wanted // per_step
     if local * micro_steps % g.generations:
         raise ValueError(
-            f"GRPO_GENERATIONS={g.generations} does not divide the completions a step trains on each rank, local "
-            f"batch {local} x {micro_steps} micro-steps: BATCH_SIZE a multiple of {g.generations} x "
-            f"{per_step // local} data-parallel ranks, or fewer generations"
+            f"BATCH_SIZE={wanted} gives each rank {local * micro_steps} completions a step (local batch {local} x "
+            f"{micro_steps} micro-steps), not a multiple of GRPO_GENERATIONS={g.generations}: a BATCH_SIZE that is "
+            f"a multiple of {math.lcm(g.generations, local) * per_step // local}, or other generations"
         )
     if config.dataloader.validation or config.dataloader.epochs:
         raise ValueError("METHOD=grpo: VALIDATION and EPOCHS are not built for prompt-only data yet")

@@ -1,0 +1,243 @@
+"""METHOD=grpo through the launcher on CPU: every variant generates, scores and trains; the sampler and the learner
+agree; a resumed run draws the same completions.
+
+Runs, two at a time (smoke models from INIT_FROM folders written here, float32, prompt-only "Is N even?" records,
+rewards from a module beside the data: `correct` (the answer) and `odd_start` (the first token's parity, which
+varies on an untrained model, so the advantages are not all 0)):
+  native-lora: LORA_RANK=8, GRPO_BETA=0.04 (the reference: the base, adapters off), GRPO_ITERATIONS=2, 4 steps
+  v5:          GRPO_LOSS=grpo, 2 steps
+  nki_moe:     NPROC=2, GRPO_BETA=0.04 (INIT_FROM frozen), GRPO_SCALE_REWARDS=batch, GRPO_LOSS=dr_grpo, 2 steps
+  whole, resume: native, 4 steps, a checkpoint at step 2; resume runs steps 3 and 4 again from it
+  sft, learn, control: a random smoke model first fine-tuned (SFT, 40 steps) to answer "Is N even?" with "Yes." or
+               "No." at random; then GRPO, 16 steps of 4 prompts x 8 generations, LR 2e-3, rewarded for "Yes.":
+               learn with the reward, control with each group's rewards shuffled (no signal, the same mean)
+The loss and gradient against TRL's GRPOTrainer: tests/test_grpo_trl.py. Bad input: tests/test_grpo_inputs.py.
+Run: .venv/bin/python -m pytest tests/test_grpo.py -q
+"""
+
+import functools
+import json
+import random
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import REPO, rank_logs, worker_env
+
+pytestmark = pytest.mark.training
+REWARDS = """
+def correct(prompts, completions, answer, **kwargs):
+    return [float(c[0]["content"].split("</think>")[-1].strip() == a) for c, a in zip(completions, answer)]
+
+
+def odd_start(completion_ids, **kwargs):
+    return [float(ids[0] % 2) for ids in completion_ids]
+
+
+def yes(completions, **kwargs):
+    return [float(c[0]["content"].split("</think>")[-1].strip() == "Yes.") for c in completions]
+
+
+def yes_shuffled(completions, **kwargs):
+    # yes's rewards shuffled within each group of 8, with a seed drawn from the completions
+    import random
+
+    found = yes(completions)
+    rng = random.Random(sum(len(c[0]["content"]) for c in completions))
+    groups = [found[i : i + 8] for i in range(0, len(found), 8)]
+    for group in groups:
+        rng.shuffle(group)
+    return [reward for group in groups for reward in group]
+"""
+COMMON = dict(
+    METHOD="grpo",
+    GRPO_REWARDS="parity_rewards:correct,parity_rewards:odd_start",
+    GRPO_GENERATIONS="4",
+    GRPO_MAX_COMPLETION="12",
+    BATCH_SIZE="8",
+    LR="1e-2",
+    WARMUP_STEPS="0",
+    EXTRA_ARGS="--training.mixed_precision_param float32",
+)
+
+
+def save(folder, seed, moe=False) -> str:
+    import torch
+    import transformers
+
+    from neuron_qwen3 import config_registry
+    from neuron_qwen3.hf import weights
+
+    if moe:
+        config = config_registry.nki_moe_qwen3_smoke()
+        config.checkpoint.initial_load_in_hf = True
+        weights.hf_compatible(config)
+        hf = transformers.Qwen3MoeConfig(**weights.native_hf_config(config.model_spec.model, {}))
+    else:
+        hf = transformers.Qwen3Config(**json.loads((config_registry.HF_MODEL["smoke"] / "config.json").read_text()))
+    torch.manual_seed(seed)
+    (transformers.Qwen3MoeForCausalLM if moe else transformers.Qwen3ForCausalLM)(hf).save_pretrained(folder)
+    return str(folder)
+
+
+def questions(n: int, seed: int = 0) -> list:
+    rng = random.Random(seed)
+    return [{"role": "user", "content": f"Is {rng.randrange(10)} even?"} for _ in range(n)]
+
+
+def launch(tmp, name, **env):
+    env = worker_env(SCALE="smoke", OUTPUT_DIR=str(tmp / name), **{**COMMON, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+    )
+
+
+def records(tmp, name) -> list:
+    return [json.loads(line) for line in (tmp / name / "report" / "metrics.jsonl").read_text().splitlines()]
+
+
+@functools.cache
+def runs(tmp):
+    dense, moe = save(tmp / "dense", 0), save(tmp / "moe", 0, moe=True)
+    rng = random.Random(0)
+    lines = [
+        json.dumps({"prompt": [m], "answer": "Yes." if int(m["content"].split()[1]) % 2 == 0 else "No."}) + "\n"
+        for m in questions(400)
+    ]
+    (tmp / "data").mkdir()
+    (tmp / "data" / "parity.jsonl").write_text("".join(lines))
+    (tmp / "data" / "parity_rewards.py").write_text(REWARDS)
+    data = str(tmp / "data" / "parity.jsonl")
+    whole = dict(VARIANT="native", INIT_FROM=dense, DATASET=data, STEPS="4", CHECKPOINT_INTERVAL="2")
+    launches = {
+        "native-lora": dict(
+            VARIANT="native", INIT_FROM=dense, DATASET=data, LORA_RANK="8", GRPO_BETA="0.04", GRPO_ITERATIONS="2"
+        ),
+        "v5": dict(VARIANT="v5", INIT_FROM=dense, DATASET=data, GRPO_LOSS="grpo", STEPS="2"),
+        "nki_moe": dict(
+            VARIANT="nki_moe",
+            NPROC="2",
+            INIT_FROM=moe,
+            DATASET=data,
+            GRPO_BETA="0.04",
+            GRPO_SCALE_REWARDS="batch",
+            GRPO_LOSS="dr_grpo",
+            STEPS="2",
+        ),
+    }
+    launches["native-lora"]["STEPS"] = "4"
+
+    answers = [{"messages": [m, {"role": "assistant", "content": rng.choice(["Yes.", "No."])}]} for m in questions(400)]
+    (tmp / "data" / "sft.jsonl").write_text("".join(json.dumps(record) + "\n" for record in answers))
+    learning = dict(
+        VARIANT="native",
+        INIT_FROM=str(tmp / "sft-model"),
+        DATASET=data,
+        GRPO_GENERATIONS="8",
+        BATCH_SIZE="32",
+        GRPO_MAX_COMPLETION="8",
+        STEPS="16",
+        LR="2e-3",
+    )
+
+    def sft_then_learn():
+        sft = dict(
+            DATASET=str(tmp / "data" / "sft.jsonl"), DATASET_FIELD="messages", STEPS="40", LR="3e-3", BATCH_SIZE="2"
+        )
+        first = launch(tmp, "sft", **sft, METHOD="sft", EXPORT_DIR=str(tmp / "sft-model"), EXPORT_DTYPE="float32")
+        return [
+            first,
+            launch(tmp, "learn", **learning, GRPO_REWARDS="parity_rewards:yes"),
+            launch(tmp, "control", **learning, GRPO_REWARDS="parity_rewards:yes_shuffled"),
+        ]
+
+    def whole_then_resume():
+        first = launch(tmp, "whole", **whole, CHECKPOINT_DIR=str(tmp / "whole-checkpoint"))
+        shutil.copytree(
+            tmp / "whole-checkpoint",
+            tmp / "resume-checkpoint",
+            ignore=lambda folder, names: [name for name in names if name == "step-4"],
+        )
+        return first, launch(tmp, "resume", **whole, CHECKPOINT_DIR=str(tmp / "resume-checkpoint"))
+
+    with ThreadPoolExecutor(2) as pool:  # the longest chain first
+        learned = pool.submit(sft_then_learn)
+        chained = pool.submit(whole_then_resume)
+        done = {name: pool.submit(launch, tmp, name, **env) for name, env in launches.items()}
+        done = {name: future.result() for name, future in done.items()}
+        done["whole"], done["resume"] = chained.result()
+        done["sft"], done["learn"], done["control"] = learned.result()
+    return {"tmp": tmp, "runs": done}
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    return runs(tmp_path_factory.mktemp("grpo"))
+
+
+@pytest.mark.parametrize("name", ["native-lora", "v5", "nki_moe", "whole", "resume", "sft", "learn", "control"])
+def test_runs_finish(done, name):
+    result = done["runs"][name]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + rank_logs(done["tmp"] / name)
+
+
+@pytest.mark.parametrize("name", ["native-lora", "v5", "nki_moe", "whole"])
+def test_the_sampler_and_the_learner_agree(done, name):
+    """At the first optimizer step on a generation, the training forward's log-probability of every completion
+    token equals the one the generator recorded when it drew it, within 1e-5 (float32): the ratio is 1, as
+    on-policy GRPO assumes. Every step generates (one iteration) but native-lora's odd steps."""
+    steps = records(done["tmp"], name)
+    generated = [r for r in steps if "reward/mean" in r["grpo"]]
+    assert [r["step"] for r in generated] == [r["step"] for r in steps][:: 2 if name == "native-lora" else 1]
+    for r in generated:
+        assert 0 <= r["grpo"]["sampling/logp_difference/max"] < 1e-5, r
+
+
+def test_a_second_iteration_trains_against_the_generators_log_probabilities(done):
+    """GRPO_ITERATIONS=2: the step after a generation trains on the same completions (no new rewards), its policy
+    moved by the update, so the ratio is off 1 and some tokens are clipped."""
+    steps = records(done["tmp"], "native-lora")
+    for r in steps[1::2]:
+        assert "reward/mean" not in r["grpo"]
+        assert r["grpo"]["sampling/logp_difference/mean"] > 1e-3
+        assert r["grpo"]["clip_ratio/region_mean"] > 0
+
+
+def test_the_report_holds_rewards_lengths_timings_and_kl_with_beta(done):
+    for name in ("native-lora", "v5", "nki_moe"):
+        first = records(done["tmp"], name)[0]["grpo"]
+        for reward in ("parity_rewards:correct", "parity_rewards:odd_start"):
+            assert 0 <= first[f"rewards/{reward}/mean"] <= 1
+        assert 0 < first["completions/mean_length"] <= first["completions/max_length"] <= 12
+        assert first["time/generate_s"] > 0 and first["time/train_s"] > 0 and first["entropy"] > 0
+        assert ("kl" in first) == (name != "v5")
+        summary = json.loads((done["tmp"] / name / "report" / "summary.json").read_text())
+        assert summary["grpo"] == records(done["tmp"], name)[-1]["grpo"]
+    lora = records(done["tmp"], "native-lora")
+    assert lora[0]["grpo"]["kl"] == 0.0  # LoRA's B starts at 0: the policy is the reference
+    assert lora[-1]["grpo"]["kl"] > 0
+
+
+def test_a_resumed_run_draws_the_same_completions(done):
+    """Steps 3 and 4 after a resume from step 2's checkpoint: the same prompts, the same draws, the same rewards,
+    lengths and losses as the run that never stopped."""
+    whole, resumed = records(done["tmp"], "whole"), records(done["tmp"], "resume")
+    assert [r["step"] for r in resumed] == [3, 4]
+    for ours, theirs in zip(resumed, whole[2:]):
+        for key in ("reward/mean", "rewards/parity_rewards:odd_start/mean", "completions/mean_length"):
+            assert ours["grpo"][key] == theirs["grpo"][key], key
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-6, abs=1e-9)
+
+
+def test_grpo_learns_what_the_reward_asks_and_a_shuffled_reward_does_not(done):
+    """From a model that says "Yes." about as often as "No." (SFT on random answers), GRPO rewarded for "Yes." says it
+    in over 90 % of its sampled completions over the last 4 of 16 steps; with each group's rewards shuffled (the same
+    rewards, no link to the completions) it does not get there."""
+    learn, control = (records(done["tmp"], name) for name in ("learn", "control"))
+    assert 0.2 <= learn[0]["grpo"]["reward/mean"] <= 0.8 and control[0]["grpo"]["reward/mean"] <= 0.8
+    late = lambda steps: sum(r["grpo"]["reward/mean"] for r in steps[-4:]) / 4  # noqa: E731
+    assert late(learn) >= 0.9, [r["grpo"]["reward/mean"] for r in learn]
+    assert late(control) < 0.75, [r["grpo"]["reward/mean"] for r in control]
