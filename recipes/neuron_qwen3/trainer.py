@@ -25,7 +25,7 @@ from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import folders, footprint
 from neuron_qwen3.moe import routing
 from neuron_qwen3.preference import method as preference
-from neuron_qwen3.quirks import devices, titan_exit_sleep, titan_logs
+from neuron_qwen3.quirks import devices, titan_exit_sleep, titan_logs, worker_exit
 from neuron_qwen3.report import data_read, run_report, samples
 from neuron_qwen3.rl import rewards, rollout
 from neuron_qwen3.run import divergence, same_config, stop, teardown
@@ -61,6 +61,7 @@ class RunHooks(Trainer):
         self.device_kind = devices.set_up(config.device)  # before the trainer touches a device (devices.py)
         self.document_attention = document.replaces_flex(config.neuron.attention_kernel, self.device_kind)
         titan_logs.install(project_mfu=True)  # torchtitan's A100 peak lines: the run report turns its MFU off
+        worker_exit.install()  # a worker that finished ends without the interpreter's 1.6 s finalization
         self.stop_watch = stop.StopWatch(config.stop.enable)  # a signal during set-up ends the run at step 1
         try:
             super().__init__(config)  # init_distributed finishes the config; then the dataloader resolves the source
