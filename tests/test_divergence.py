@@ -175,4 +175,6 @@ def test_a_spike_is_one_warning_with_nan_policy_warn_and_the_run_finishes(tmp_pa
         warned[0],
     ), warned
     assert checkpoints.scan(tmp_path / "checkpoint").latest == STEPS
-    assert lines_of(output, "at exit: process group") == ["[rank0]:at exit: process group destroyed, 0 trainers"]
+    # a finished worker runs its exit handlers after torchtitan's last line, inside its main(), which still holds
+    # the trainer, and ends with no finalization to abort (quirks/worker_exit.py)
+    assert lines_of(output, "at exit: process group") == ["[rank0]:at exit: process group destroyed, 1 trainers"]

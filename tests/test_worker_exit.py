@@ -1,8 +1,9 @@
-"""quirks/worker_exit.py: a worker that finished ends right after torchtitan's last line, without the interpreter's
-finalization (its atexit handlers included); any other ending still finalizes.
+"""quirks/worker_exit.py: a worker that finished runs its atexit handlers right after torchtitan's last line and
+ends, without the interpreter's finalization; any other ending still finalizes.
 
-A sitecustomize.py put first on the workers' path registers an atexit handler that writes a file: after a normal
-finish it never runs; after a run that stops at a failing reward (exit 2) it does.
+A sitecustomize.py put first on the workers' path registers an atexit handler that writes a file, and keeps an
+object whose finalizer writes another when the interpreter tears its modules down. After a normal finish the first
+is written and the second is not; after a run that stops at a failing reward (exit 2) both are.
 Run: .venv/bin/python -m pytest tests/test_worker_exit.py -q
 """
 
@@ -19,9 +20,23 @@ from conftest import REPO, worker_env
 from neuron_qwen3.quirks import worker_exit
 
 SENTINEL = """
-import atexit, os, sys
+import atexit, os
+
+
+def written(name):
+    open(os.path.join(os.environ["SENTINELS"], name + "-" + os.environ["LOCAL_RANK"]), "w").close()
+
+
+class Finalized:
+    path = os.path.join(os.environ.get("SENTINELS", ""), "finalized-" + os.environ.get("LOCAL_RANK", ""))
+
+    def __del__(self, open=open):  # its own references: module globals are gone by then
+        open(self.path, "w").close()
+
+
 if os.environ.get("LOCAL_RANK") is not None:
-    atexit.register(lambda: open(os.path.join(os.environ["SENTINELS"], os.environ["LOCAL_RANK"]), "w").close())
+    atexit.register(written, "atexit")
+    kept = Finalized()
 """
 
 
@@ -63,6 +78,8 @@ def test_a_finished_worker_skips_finalization_and_a_failed_one_does_not(tmp_path
     for rank in ("0", "1"):
         log = next((tmp_path / "finished" / "out" / "torchrun").rglob(f"attempt_0/{rank}/stdout.log")).read_text()
         assert log.rstrip().endswith(worker_exit.LAST_LINE), log[-500:]  # the line is written before the exit
-    assert not (tmp_path / "finished" / "0").exists() and not (tmp_path / "finished" / "1").exists()
+    for rank in ("0", "1"):
+        assert (tmp_path / "finished" / f"atexit-{rank}").exists()  # the handlers ran, teardown.py's among them
+        assert not (tmp_path / "finished" / f"finalized-{rank}").exists()  # finalization did not
     assert failed.returncode != 0 and "GRPO_REWARDS: failing:reward raised ZeroDivisionError" in failed.stderr
-    assert (tmp_path / "failed" / "0").exists()  # the interpreter's exit ran its atexit handlers
+    assert (tmp_path / "failed" / "atexit-0").exists() and (tmp_path / "failed" / "finalized-0").exists()
