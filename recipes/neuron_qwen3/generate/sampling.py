@@ -83,9 +83,13 @@ def logprobs_of(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Ten
     """[S] float32: log_softmax(logits.float() / temperature, -1) at tokens ([S]), upcasting at most _VOCAB_CHUNK
     columns at a time: the row's max, the sum of exp(logit - max) chunk by chunk, and the token's logit - max -
     log(sum)."""
-    top = logits.amax(-1, keepdim=True).float() / temperature
-    total = sum((chunk.float() / temperature - top).exp().sum(-1) for chunk in logits.split(_VOCAB_CHUNK, dim=-1))
-    return (logits.gather(-1, tokens[:, None]).float() / temperature - top).squeeze(-1) - total.log()
+
+    def scaled(x: Tensor) -> Tensor:  # at temperature 1 no division: not one device op more than needed
+        return x.float() if temperature == 1 else x.float() / temperature
+
+    top = scaled(logits.amax(-1, keepdim=True))
+    total = sum((scaled(chunk) - top).exp().sum(-1) for chunk in logits.split(_VOCAB_CHUNK, dim=-1))
+    return (scaled(logits.gather(-1, tokens[:, None])) - top).squeeze(-1) - total.log()
 
 
 def draw(logits: Tensor, sampling: Sampling, generator: torch.Generator) -> tuple[Tensor, Tensor]:
