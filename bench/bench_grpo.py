@@ -77,8 +77,7 @@ TRL_SIDE = """
 import json, statistics, sys, time
 import datasets, torch, transformers
 from trl import GRPOConfig, GRPOTrainer
-sys.path.insert(0, sys.argv[3])
-from bench_reward import reward
+from bench_reward import reward  # the prompts' folder is on the child's PYTHONPATH
 
 base, prompts, _, tokenizer, tokens, steps, out = sys.argv[1:8]
 torch.manual_seed(0)
@@ -131,8 +130,9 @@ def trl(base: str, prompts: str, tokenizer: str, args, out: str) -> dict:
     )
     folder = os.path.dirname(prompts)
     argv = [base, prompts, folder, tokenizer, str(args.tokens), str(args.steps), out]
+    path = os.pathsep.join((folder, CHECKOUT["PYTHONPATH"]))
     result = subprocess.run(
-        [sys.executable, "-c", code, *argv], env={**os.environ, **CHECKOUT}, capture_output=True, text=True
+        [sys.executable, "-c", code, *argv], env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True
     )
     if result.returncode:
         sys.exit(f"TRL failed ({result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}")
@@ -147,8 +147,7 @@ def main() -> None:
     cli.add_argument("--repeats", type=int, default=3)
     cli.add_argument("--dir", default=None, help="where the base and the runs go (default: a temporary folder)")
     args = cli.parse_args()
-    sys.path.insert(0, os.path.join(REPO, "recipes"))
-    from neuron_qwen3 import config_registry
+    from neuron_qwen3 import config_registry  # the editable install's, as every bench imports it
 
     tokenizer = str(config_registry.SMOKE_TOKENIZER)
     with tempfile.TemporaryDirectory(dir=args.dir) as root:

@@ -1,5 +1,6 @@
 """Shared helpers: where things are, and how to run a Python snippet the way a worker runs."""
 
+import json
 import os
 import re
 import subprocess
@@ -25,6 +26,27 @@ def worker_env(**extra) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", SAMPLE_PROMPTS="")
     env.update(extra)
     return env
+
+
+def random_smoke_model(folder, seed: int, moe: bool = False) -> str:
+    """A random smoke-shaped Qwen3 (Qwen3-MoE with `moe`) saved by transformers in `folder`: an INIT_FROM for the
+    launcher's fine-tuning methods."""
+    import torch
+    import transformers
+
+    from neuron_qwen3 import config_registry
+    from neuron_qwen3.hf import weights
+
+    if moe:
+        config = config_registry.nki_moe_qwen3_smoke()
+        config.checkpoint.initial_load_in_hf = True
+        weights.hf_compatible(config)
+        hf = transformers.Qwen3MoeConfig(**weights.native_hf_config(config.model_spec.model, {}))
+    else:
+        hf = transformers.Qwen3Config(**json.loads((config_registry.HF_MODEL["smoke"] / "config.json").read_text()))
+    torch.manual_seed(seed)
+    (transformers.Qwen3MoeForCausalLM if moe else transformers.Qwen3ForCausalLM)(hf).save_pretrained(folder)
+    return str(folder)
 
 
 def folder_tensors(folder) -> dict:

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import REPO, SCENARIOS, worker_env
+from conftest import REPO, random_smoke_model, SCENARIOS, worker_env
 from qwen_size import SMOKE_TOKENIZER
 
 pytestmark = pytest.mark.training
@@ -70,24 +70,6 @@ def write(path, records) -> str:
     return str(path)
 
 
-def save(folder, seed, moe=False):
-    import transformers
-
-    from neuron_qwen3 import config_registry
-    from neuron_qwen3.hf import weights
-
-    if moe:
-        config = config_registry.nki_moe_qwen3_smoke()
-        config.checkpoint.initial_load_in_hf = True
-        weights.hf_compatible(config)
-        hf = transformers.Qwen3MoeConfig(**weights.native_hf_config(config.model_spec.model, {}))
-    else:
-        hf = transformers.Qwen3Config(**json.loads((config_registry.HF_MODEL["smoke"] / "config.json").read_text()))
-    torch.manual_seed(seed)
-    (transformers.Qwen3MoeForCausalLM if moe else transformers.Qwen3ForCausalLM)(hf).save_pretrained(folder)
-    return str(folder)
-
-
 def launch(tmp, name, **env):
     env = worker_env(SCALE="smoke", METHOD="dpo", OUTPUT_DIR=str(tmp / name), **env)
     return subprocess.run(
@@ -125,10 +107,10 @@ def records(tmp, name) -> list:
 @functools.cache
 def runs(tmp):
     folders = {
-        "dense": save(tmp / "dense", 0),
-        "dense-ref": save(tmp / "dense-ref", 1),
-        "moe": save(tmp / "moe", 0, moe=True),
-        "moe-ref": save(tmp / "moe-ref", 1, moe=True),
+        "dense": random_smoke_model(tmp / "dense", 0),
+        "dense-ref": random_smoke_model(tmp / "dense-ref", 1),
+        "moe": random_smoke_model(tmp / "moe", 0, moe=True),
+        "moe-ref": random_smoke_model(tmp / "moe-ref", 1, moe=True),
     }
     pairs = write(tmp / "pairs.jsonl", [pair(*p) for p in PAIRS])
     rng = random.Random(0)

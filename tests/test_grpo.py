@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import REPO, rank_logs, worker_env
+from conftest import REPO, random_smoke_model, rank_logs, worker_env
 
 pytestmark = pytest.mark.training
 REWARDS = """
@@ -64,25 +64,6 @@ COMMON = dict(
 )
 
 
-def save(folder, seed, moe=False) -> str:
-    import torch
-    import transformers
-
-    from neuron_qwen3 import config_registry
-    from neuron_qwen3.hf import weights
-
-    if moe:
-        config = config_registry.nki_moe_qwen3_smoke()
-        config.checkpoint.initial_load_in_hf = True
-        weights.hf_compatible(config)
-        hf = transformers.Qwen3MoeConfig(**weights.native_hf_config(config.model_spec.model, {}))
-    else:
-        hf = transformers.Qwen3Config(**json.loads((config_registry.HF_MODEL["smoke"] / "config.json").read_text()))
-    torch.manual_seed(seed)
-    (transformers.Qwen3MoeForCausalLM if moe else transformers.Qwen3ForCausalLM)(hf).save_pretrained(folder)
-    return str(folder)
-
-
 def questions(n: int, seed: int = 0) -> list:
     rng = random.Random(seed)
     return [{"role": "user", "content": f"Is {rng.randrange(10)} even?"} for _ in range(n)]
@@ -101,7 +82,7 @@ def records(tmp, name) -> list:
 
 @functools.cache
 def runs(tmp):
-    dense, moe = save(tmp / "dense", 0), save(tmp / "moe", 0, moe=True)
+    dense, moe = random_smoke_model(tmp / "dense", 0), random_smoke_model(tmp / "moe", 0, moe=True)
     rng = random.Random(0)
     lines = [
         json.dumps({"prompt": [m], "answer": "Yes." if int(m["content"].split()[1]) % 2 == 0 else "No."}) + "\n"
