@@ -10,7 +10,8 @@ varies on an untrained model, so the advantages are not all 0)):
   whole, resume: native, 4 steps, a checkpoint at step 2; resume runs steps 3 and 4 again from it
   sft, learn, control: a random smoke model first fine-tuned (SFT, 40 steps) to answer "Is N even?" with "Yes." or
                "No." at random; then GRPO, 16 steps of 4 prompts x 8 generations, LR 2e-3, rewarded for "Yes.":
-               learn with the reward, control with each group's rewards shuffled (no signal, the same mean)
+               learn with the reward, control with each group's rewards shuffled (no signal, the same mean); both
+               validate on 16 held-out prompts every 8 steps
 The loss and gradient against TRL's GRPOTrainer: tests/test_grpo_trl.py. Bad input: tests/test_grpo_inputs.py.
 Run: .venv/bin/python -m pytest tests/test_grpo.py -q
 """
@@ -113,10 +114,14 @@ def runs(tmp):
 
     answers = [{"messages": [m, {"role": "assistant", "content": rng.choice(["Yes.", "No."])}]} for m in questions(400)]
     (tmp / "data" / "sft.jsonl").write_text("".join(json.dumps(record) + "\n" for record in answers))
+    held_out = [json.dumps({"prompt": [{"role": "user", "content": f"Is {n} even?"}]}) + "\n" for n in range(10, 26)]
+    (tmp / "data" / "held_out.jsonl").write_text("".join(held_out))  # numbers never trained on
     learning = dict(
         VARIANT="native",
         INIT_FROM=str(tmp / "sft-model"),
         DATASET=data,
+        VALIDATION=str(tmp / "data" / "held_out.jsonl"),
+        VALIDATION_INTERVAL="8",
         GRPO_GENERATIONS="8",
         BATCH_SIZE="32",
         GRPO_MAX_COMPLETION="8",
@@ -213,12 +218,42 @@ def test_a_resumed_run_draws_the_same_completions(done):
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-6, abs=1e-9)
 
 
+def validations(tmp, name) -> list:
+    return [r for r in records(tmp, name) if "validation_loss" in r]
+
+
 def test_grpo_learns_what_the_reward_asks_and_a_shuffled_reward_does_not(done):
     """From a model that says "Yes." about as often as "No." (SFT on random answers), GRPO rewarded for "Yes." says it
-    in over 90 % of its sampled completions over the last 4 of 16 steps; with each group's rewards shuffled (the same
-    rewards, no link to the completions) it does not get there."""
-    learn, control = (records(done["tmp"], name) for name in ("learn", "control"))
+    in over 90 % of its sampled completions over the last 4 of 16 steps, and in over 90 % of its greedy answers to
+    held-out prompts (VALIDATION, numbers never trained on) after the last; with each group's rewards shuffled (the
+    same rewards, no link to the completions) it gets to neither. The sampled rewards are the learning curve: the
+    greedy answer of a model this close to 50/50 tips at the first update, one way or the other."""
+    learn, control = ([r for r in records(done["tmp"], name) if "loss" in r] for name in ("learn", "control"))
     assert 0.2 <= learn[0]["grpo"]["reward/mean"] <= 0.8 and control[0]["grpo"]["reward/mean"] <= 0.8
     late = lambda steps: sum(r["grpo"]["reward/mean"] for r in steps[-4:]) / 4  # noqa: E731
     assert late(learn) >= 0.9, [r["grpo"]["reward/mean"] for r in learn]
     assert late(control) < 0.75, [r["grpo"]["reward/mean"] for r in control]
+    held, held_control = validations(done["tmp"], "learn"), validations(done["tmp"], "control")
+    assert [v["step"] for v in held] == [1, 8, 16]
+    assert held[-1]["grpo"]["reward/mean"] >= 0.9, held
+    assert held_control[-1]["grpo"]["reward/mean"] < 0.9, held_control
+
+
+def test_grpo_validation_is_the_held_out_prompts_mean_reward(done):
+    """Each validation answers all 16 held-out prompts greedily and scores them with the run's rewards: its loss is
+    the mean reward negated, summary.json keeps the best, and samples.md shows 4 of the answers with their
+    rewards at each validation."""
+    held = validations(done["tmp"], "learn")
+    for v in held:
+        assert v["validation_loss"] == -v["grpo"]["reward/mean"]
+        assert v["grpo"]["rewards/parity_rewards:yes/mean"] * 16 == pytest.approx(round(v["grpo"]["reward/mean"] * 16))
+        assert 0 < v["grpo"]["completions/mean_length"] <= 8
+    summary = json.loads((done["tmp"] / "learn" / "report" / "summary.json").read_text())["validation"]
+    assert summary["best_loss"] == min(v["validation_loss"] for v in held)
+    rows = [json.loads(line) for line in (done["tmp"] / "learn" / "report" / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] * 4 + [8] * 4 + [16] * 4
+    for row in rows:
+        said = row["answer"].split("</think>")[-1].strip()
+        assert row["rewards"] == {"parity_rewards:yes": float(said == "Yes."), "total": float(said == "Yes.")}, row
+    shown = (done["tmp"] / "learn" / "report" / "samples.md").read_text()
+    assert "| step | stop | answer | rewards |" in shown and "parity_rewards:yes" in shown

@@ -3,9 +3,10 @@ allowed), before anything trains.
 
 - the contract (entrypoint/contract.py): GRPO_LOSS, GRPO_TOP_P out of their ranges, GRPO_REWARDS set but empty:
   one line, exit 2 at once;
-- the recipes' pre-launch pass (prelaunch/preflight.py, in a child with torch): prompt-only records under SFT, chat
-  records under grpo, no GRPO_REWARDS, GRPO_GENERATIONS that does not divide a rank's completions, a reward that is
-  no built-in, a `module:function` whose module or function is missing: one line, exit 2, torchrun never started;
+- the recipes' pre-launch pass (prelaunch/preflight.py, in a child with torch): prompt-only records under SFT (as
+  DATASET or VALIDATION), chat records under grpo (as either), EPOCHS under grpo, no GRPO_REWARDS, GRPO_GENERATIONS
+  that does not divide a rank's completions, a reward that is no built-in, a `module:function` whose module or
+  function is missing: one line, exit 2, torchrun never started;
 - the worker at step 1 (the pre-launch pass imports the rewards but cannot call them): a reward that raises, or
   returns one reward for two completions, is one line naming the function and the record (`file:line`), the worker
   exits 2 and torchrun's failure table repeats the line; the launcher's status is torchrun's, 1 (docs/production.md,
@@ -72,6 +73,21 @@ BEFORE_LAUNCH = [
         "chat-under-grpo",
         {**GRPO, "DATASET": "{chat}", "DATASET_FIELD": "messages"},
         ["DATASET: {chat} holds chat records", "METHOD=grpo trains on prompt-only records (a `prompt` field)"],
+    ),
+    (
+        "chat-validation-under-grpo",
+        {**GRPO, "DATASET": "{data}", "VALIDATION": "{chat}", "DATASET_FIELD": "messages"},
+        ["VALIDATION: {chat} holds chat records", "METHOD=grpo trains on prompt-only records (a `prompt` field)"],
+    ),
+    (
+        "prompt-validation-under-sft",
+        {**QUIET, "DATASET": "{chat}", "DATASET_FIELD": "messages", "VALIDATION": "{data}"},
+        ["VALIDATION: {data} holds prompt-only records", "train them with METHOD=grpo"],
+    ),
+    (
+        "epochs-under-grpo",
+        {**{k: v for k, v in GRPO.items() if k != "STEPS"}, "DATASET": "{data}", "EPOCHS": "2"},
+        ["EPOCHS=2 under METHOD=grpo", "counted in steps (STEPS)"],
     ),
     (
         "no-rewards",

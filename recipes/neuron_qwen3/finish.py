@@ -196,8 +196,11 @@ def configure_grpo(config, lora, world: int) -> str | None:
             f"{micro_steps} micro-steps), not a multiple of GRPO_GENERATIONS={g.generations}: a BATCH_SIZE that is "
             f"a multiple of {math.lcm(g.generations, local) * per_step // local}, or other generations"
         )
-    if config.dataloader.validation or config.dataloader.epochs:
-        raise ValueError("METHOD=grpo: VALIDATION and EPOCHS are not built for prompt-only data yet")
+    if config.dataloader.epochs:
+        raise ValueError(
+            f"EPOCHS={config.dataloader.epochs} under METHOD=grpo: a GRPO run is counted in steps (STEPS), each "
+            "drawing its prompts afresh"
+        )
     if g.beta and not config.preference.reference and not lora:
         if not (config.checkpoint.initial_load_in_hf and config.checkpoint.initial_load_path):
             raise ValueError(
@@ -241,7 +244,7 @@ def finish(config, world: int, kind: str) -> Finished:
     done.lines += [preference] if preference else []
     if isinstance(config.dataloader, data.DataLoader.Config):
         config.dataloader.tokenizer_folder = data.tokenizer_of(config)  # the chat template of the model trained
-        grpo = configure_grpo(config, done.lora, world)  # before the validation and epochs it refuses
+        grpo = configure_grpo(config, done.lora, world)  # before EPOCHS, which it refuses
         done.lines += [grpo] if grpo else []
         configure_validation(config)
         if config.dataloader.epochs:

@@ -28,6 +28,7 @@ from neuron_qwen3.preference import method as preference
 from neuron_qwen3.quirks import devices, titan_exit_sleep, titan_logs, worker_exit
 from neuron_qwen3.report import data_read, run_report, samples
 from neuron_qwen3.rl import rewards, rollout
+from neuron_qwen3.rl import validation as grpo_validation
 from neuron_qwen3.run import divergence, same_config, stop, teardown
 from neuron_qwen3.settings import RunSettings
 
@@ -54,7 +55,8 @@ class RunHooks(Trainer):
     torchtitan's loop reaches the project at these seams, each a method below: `post_dataloading_process` (a
     micro-step's data), `training_loss` (its `loss_fn`), `should_log_step` and `log_step` (its metrics processor's
     `should_log` and `log`), `validation_prepare`, `validation_loss` and `log_validation` (the validator's data step
-    and loss, and the processor's `log_validation`), `should_continue_training` (each step boundary) and `train`.
+    and loss, and the processor's `log_validation`; under METHOD=grpo `validate_prompts` is the validator's whole
+    pass), `should_continue_training` (each step boundary) and `train`.
     The run's extras are plain objects those methods call by name, in the order they are written."""
 
     def __init__(self, config):
@@ -77,6 +79,9 @@ class RunHooks(Trainer):
         try:
             self.dpo, self.held_out_dpo = preference.dpo_losses(self, prepare)  # METHOD=dpo; (None, None) under SFT
             self.grpo, self.rollout = rollout.grpo_parts(self)  # METHOD=grpo; (None, None) otherwise
+            self.held_out_grpo = None  # METHOD=grpo's VALIDATION: held-out prompts answered and scored
+            if self.rollout is not None and config.validator.enable:
+                self.held_out_grpo = grpo_validation.HeldOutPrompts(self, self.rollout)
             self.sampler = samples.Sampler(self) if config.samples.prompts else None  # SAMPLE_PROMPTS
         except (data.DataError, rewards.RewardError) as error:
             raise fail_on_data(error) from None
@@ -117,7 +122,9 @@ class RunHooks(Trainer):
             self.log_step,
             self.log_validation,
         )
-        if self.config.validator.enable:
+        if self.held_out_grpo is not None:
+            self.validator.validate = self.validate_prompts
+        elif self.config.validator.enable:
             self.titan_validation_prepare = self.validator.post_dataloading_process
             self.validator.post_dataloading_process, self.validator.loss_fn = (
                 self.validation_prepare,
@@ -201,6 +208,12 @@ class RunHooks(Trainer):
         objective = self.held_out_dpo if self.held_out_dpo is not None else self.cross_entropy
         return objective(pred, labels, *args, **kwargs)
 
+    def validate_prompts(self, model_parts, step):
+        """The validator's pass under METHOD=grpo: the held-out prompts answered greedily and scored, the negated
+        mean reward its loss (rl/validation.py)."""
+        loss, found = self.held_out_grpo.validate(step)
+        self.metrics_processor.log_validation(loss=loss, step=step, extra_metrics=found)
+
     def log_validation(self, loss, step, extra_metrics=None):
         """torchtitan's validation log; with DPO its loss is the pairs' mean DPO loss, their rewards beside it."""
         extra = dict(extra_metrics or {})
@@ -281,6 +294,8 @@ class RunHooks(Trainer):
             self.first_step = self.step  # the loaded step: the loop has not begun
             if self.sampler:
                 self.sampler.begin(self.step)  # step 0's answers, or a resumed run's samples go on
+            elif self.held_out_grpo is not None:
+                self.held_out_grpo.begin(self.step)  # its completions go to the samples too
         if not super().should_continue_training():
             return False
         signum = self.stop_watch.agreed()

@@ -85,15 +85,18 @@ def render_first(path: str, field: str, train_on: str, tokenizer_folder: str) ->
     return None
 
 
-def method_problem(method: str, kind: str | None, path: str) -> str | None:
-    """The data's kind against METHOD: preference pairs train with dpo, prompts alone with grpo, and only they do."""
+def method_problem(method: str, kind: str | None, path: str, setting: str = "DATASET") -> str | None:
+    """The data's kind against METHOD: preference pairs train with dpo, prompts alone with grpo, and only they do;
+    `setting` names where the data came from (DATASET or VALIDATION)."""
     wanted = {"dpo": "pair", "grpo": "prompt"}
     if kind is None or wanted.get(method) == kind or (method not in wanted and kind not in wanted.values()):
         return None
     if method == "dpo":
-        return f"DATASET: {path} holds {kind} records; METHOD=dpo trains on preference pairs (prompt, chosen, rejected)"
+        return (
+            f"{setting}: {path} holds {kind} records; METHOD=dpo trains on preference pairs (prompt, chosen, rejected)"
+        )
     if method == "grpo":
-        return f"DATASET: {path} holds {kind} records; METHOD=grpo trains on prompt-only records (a `prompt` field)"
+        return f"{setting}: {path} holds {kind} records; METHOD=grpo trains on prompt-only records (a `prompt` field)"
     if kind == "pair":
-        return f"DATASET: {path} holds preference pairs (chosen, rejected): train them with METHOD=dpo"
-    return f"DATASET: {path} holds prompt-only records (no completion): train them with METHOD=grpo"
+        return f"{setting}: {path} holds preference pairs (chosen, rejected): train them with METHOD=dpo"
+    return f"{setting}: {path} holds prompt-only records (no completion): train them with METHOD=grpo"

@@ -296,7 +296,13 @@ def validation(config, check_files: bool) -> list:
     if not os.path.exists(held):
         return [f"VALIDATION={held!r}: no such file or folder (nor a fraction like 0.05)"]
     found = data.scan(held, config.dataloader.field) if check_files else None
-    return [f"VALIDATION: {found.problem}"] if found and found.problem else []
+    if found is None:
+        return []
+    method = getattr(getattr(config, "preference", None), "method", "sft")
+    problem = (
+        f"VALIDATION: {found.problem}" if found.problem else data.method_problem(method, found.kind, held, "VALIDATION")
+    )
+    return [problem] if problem else []
 
 
 def epochs(config, request: dict) -> str | None:

@@ -12,7 +12,8 @@ DPO loss, the rewards (chosen, rejected, margin), the preference accuracy and th
 term (preference/dpo.py); summary.json's `dpo` is the last logged step's, dpo.png draws them. With METHOD=grpo
 each step's line holds `grpo`: each reward's mean and std, completion lengths, the clipped and zero-std shares,
 entropy, KL, the sampler's difference from the learner, and the interval's seconds generating, scoring and
-training (rl/); summary.json's `grpo` is the last logged step's.
+training (rl/); summary.json's `grpo` is the last logged step's. Its validation lines hold `grpo` too: the
+held-out prompts' mean rewards, whose total, negated, is their validation loss (rl/validation.py).
 summary.json's `data` is what the data gave up to the last logged step, over every rank (data_read.py): records,
 tokens trained, masked and padding, a mix's records and tokens by source, and the token cache's hit and time.
 
@@ -182,7 +183,9 @@ class ReportLogger(BaseLogger):
     def log(self, metrics, step):
         if "validation_metrics/loss" in metrics:  # the validator's: the mean loss over the validation set
             record = {"step": step, "time": time.time(), "validation_loss": metrics["validation_metrics/loss"]}
-            self._write({**record, **_method(metrics, "validation_metrics/dpo/", "dpo")}, self.validations)
+            record.update(_method(metrics, "validation_metrics/dpo/", "dpo"))
+            record.update(_method(metrics, "validation_metrics/grpo/", "grpo"))
+            self._write(record, self.validations)
             return
         if "loss_metrics/global_avg_loss" not in metrics:
             return

@@ -138,13 +138,9 @@ class Sampler:
         return bool(self.every) and step % self.every == 0
 
     def begin(self, step: int) -> None:
-        """At the loaded step: a resumed run's samples.jsonl keeps what came before it (not a stopped run's later
-        rows, which it samples again); a fresh run's starts empty. Then step 0's answers, if fresh."""
+        """At the loaded step: samples.jsonl restarted there (restart_rows), then step 0's answers, if fresh."""
         if self.writer:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            path = self.folder / "samples.jsonl"
-            kept = [row for row in rows_of(path) if row["step"] <= step] if step else []
-            path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+            restart_rows(self.folder, step)
         if step == 0:
             self.sample(0)
 
@@ -200,24 +196,37 @@ class Sampler:
         }
 
 
+def restart_rows(folder: Path, step: int) -> None:
+    """At a run's loaded step: a resumed run's samples.jsonl keeps what came before it (not a stopped run's later
+    rows, which it writes again); a fresh run's starts empty."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "samples.jsonl"
+    kept = [row for row in rows_of(path) if row["step"] <= step] if step else []
+    path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+
+
 def rows_of(path: Path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def write_markdown(rows: list, path: Path) -> None:
-    """Each prompt's answers step by step, under the loss curve."""
+    """Each prompt's answers step by step, under the loss curve; a GRPO held-out prompt's with their rewards."""
     lines = ["# Samples", "", "![loss](loss.png)", ""]
     for origin in dict.fromkeys(row["prompt"] for row in rows):
         mine = [row for row in rows if row["prompt"] == origin]
+        scored = any("rewards" in row for row in mine)
         lines += [
             f"## {origin}",
             "",
             "> " + mine[0]["text"].replace("\n", "\n> "),
             "",
-            "| step | stop | answer |",
-            "|---|---|---|",
+            "| step | stop | answer |" + " rewards |" * scored,
+            "|---|---|---|" + "---|" * scored,
         ]
-        lines += [f"| {row['step']} | {row['stop']} | {cell(row['answer'])} |" for row in mine]
+        for row in mine:
+            rewards = row.get("rewards", {}).items()
+            shown = ", ".join(f"{name} {value:g}" for name, value in rewards if value is not None)
+            lines.append(f"| {row['step']} | {row['stop']} | {cell(row['answer'])} |" + f" {cell(shown)} |" * scored)
         lines.append("")
     path.write_text("\n".join(lines))
 

@@ -153,30 +153,30 @@ class Rollout:
         finally:
             model.train()
         generating = time.perf_counter() - began
+        per_function, seconds = self.score(batch, asked, answers)
+        total = self.rewards.total(per_function)
+        everyone = self._gathered(total) if self.config.scale_rewards == "batch" else None
+        found, zero_std = advantages(total, g, self.config.scale_rewards, everyone)
+        self._count(per_function, total, answers, zero_std, generating, sum(seconds.values()))
+        rows = [self._row(asked[k // g][0], a) for k, a in enumerate(answers)]
+        return [
+            self._micro_batch(rows[i : i + self.batch], found[i : i + self.batch])
+            for i in range(0, len(rows), self.batch)
+        ]
+
+    def score(self, batch: list, asked: list, answers: list) -> tuple:
+        """The reward functions on `answers`, each prompt's completions in a row (`asked`: prompt_ids of each of
+        `batch`'s records), with the records' other columns: ([N, F] rewards, {name: seconds})."""
         texts = [self.tokenizer.decode(a.tokens, skip_special_tokens=True) for a in answers]
-        every = [k // g for k in range(len(answers))]  # each completion's prompt
+        every = [k * len(asked) // len(answers) for k in range(len(answers))]  # each completion's prompt
         completions = [
             [{"role": "assistant", "content": text}] if asked[p][2] else text for text, p in zip(texts, every)
         ]
         columns = {
             key: [batch[p][1].get(key) for p in every] for key in batch[0][1] if key not in ("prompt", "completion")
         }
-        per_function, seconds = self.rewards.score(
-            [asked[p][1] for p in every],
-            completions,
-            [a.tokens for a in answers],
-            columns,
-            [batch[p][0] for p in every],
-        )
-        total = self.rewards.total(per_function)
-        everyone = self._gathered(total) if self.config.scale_rewards == "batch" else None
-        found, zero_std = advantages(total, g, self.config.scale_rewards, everyone)
-        self._count(per_function, total, answers, zero_std, generating, sum(seconds.values()))
-        rows = [self._row(asked[p][0], a) for p, a in zip(every, answers)]
-        return [
-            self._micro_batch(rows[i : i + self.batch], found[i : i + self.batch])
-            for i in range(0, len(rows), self.batch)
-        ]
+        prompts, origins = [asked[p][1] for p in every], [batch[p][0] for p in every]
+        return self.rewards.score(prompts, completions, [a.tokens for a in answers], columns, origins)
 
     def _row(self, ids: list, answer) -> tuple:
         sequence = ids + answer.tokens

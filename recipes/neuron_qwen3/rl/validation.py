@@ -1,0 +1,115 @@
+"""VALIDATION under METHOD=grpo: the held-out prompts answered greedily by the rollout's generator (its shapes, its
+KV cache) and scored by the run's reward functions, every `--validator.freq` steps and after the last.
+
+The validation figure is the mean total reward over the whole held-out set. torchtitan's validator logs a loss, so
+the loss it is given is that mean negated (lower is better, as for every other validation); each reward's mean,
+the completions' mean length and truncated share go beside it, and the first few completions with their rewards
+to samples.md. Each rank answers every world-th prompt; the generator agrees on the number of waves.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from neuron_qwen3.data import records
+from neuron_qwen3.data.loader import table_reader, validation_records
+from neuron_qwen3.data.records import DataError
+from neuron_qwen3.generate.sampling import Sampling
+from neuron_qwen3.report import samples
+
+SHOWN = 4  # held-out completions written to samples.md at each validation
+
+
+class HeldOutPrompts:
+    """`validate()` runs on every rank: (the loss to log, the metrics beside it)."""
+
+    def __init__(self, trainer, rollout):
+        config, self.trainer, self.rollout = trainer.config, trainer, rollout
+        loader = config.dataloader
+        table, indices, found = validation_records(loader, loader.tokenizer_folder)
+        if found != "prompt":
+            raise DataError(
+                f"VALIDATION={loader.validation}: holds {found} records; METHOD=grpo validates on prompt-only "
+                "records (a `prompt` field each), answered and scored like the training prompts"
+            )
+        reader = table_reader(table, records.Order(indices, loader.seed, 0, 1))
+        whole = []
+        while (item := reader.next()) is not None:
+            whole.append((reader.origin(item[0]), item[1]))
+        rank = dist.get_rank(rollout.group) if rollout.group is not None else 0
+        world = dist.get_world_size(rollout.group) if rollout.group is not None else 1
+        self.total = len(whole)
+        self.batch = whole[rank::world]
+        self.asked = [rollout.prompt_ids(origin, record) for origin, record in self.batch]  # too long: one line now
+        self.writer = rank == 0 and (not dist.is_initialized() or dist.get_rank() == 0)
+        self.folder = Path(config.dump_folder) / samples.FOLDER
+
+    def begin(self, step: int) -> None:
+        """At the loaded step, when no sampler restarts samples.jsonl (report/samples.py)."""
+        if self.writer:
+            samples.restart_rows(self.folder, step)
+
+    def validate(self, step: int) -> tuple[float, dict]:
+        rollout, model = self.rollout, self.trainer.model_parts[0]
+        model.eval()
+        try:
+            answers = rollout.generator.generate([ids for ids, _, _ in self.asked], Sampling())
+        finally:
+            model.train()
+        names = rollout.rewards.names
+        sums = torch.zeros(2 * len(names) + 5, dtype=torch.float64)  # (sum, count) per reward and total, lengths
+        if answers:
+            per_function, _ = rollout.score(self.batch, self.asked, answers)
+            total = rollout.rewards.total(per_function)
+            for k, column in enumerate([*per_function.T.double(), total.double()]):
+                kept = column[~column.isnan()]
+                sums[2 * k], sums[2 * k + 1] = kept.sum(), kept.numel()
+            sums[-3] = sum(len(a.tokens) for a in answers)
+            sums[-2] = sum(a.stop == "length" for a in answers)
+            sums[-1] = len(answers)
+            if self.writer:
+                self._write(step, answers[:SHOWN], per_function, total)
+        if rollout.group is not None:
+            device = next(model.parameters()).device
+            summed = sums.to(device)
+            dist.all_reduce(summed, group=rollout.group)
+            sums = summed.cpu()
+        values = sums.tolist()
+        found = {}
+        for k, name in enumerate([*(f"rewards/{n}" for n in names), "reward"]):
+            if values[2 * k + 1]:
+                found[f"validation_metrics/grpo/{name}/mean"] = values[2 * k] / values[2 * k + 1]
+        lengths, truncated, completions = values[-3:]
+        found["validation_metrics/grpo/completions/mean_length"] = lengths / completions
+        found["validation_metrics/grpo/completions/truncated_share"] = truncated / completions
+        reward = found.get("validation_metrics/grpo/reward/mean", float("nan"))
+        return -reward, found
+
+    def _write(self, step: int, answers: list, per_function: torch.Tensor, total: torch.Tensor) -> None:
+        """The first held-out completions with their rewards, in samples.jsonl and samples.md (report/samples.py)."""
+        names, decode = self.rollout.rewards.names, self.rollout.tokenizer.decode
+        rows = []
+        for k, answer in enumerate(answers):
+            origin, record = self.batch[k]
+            shown = {name: _number(float(per_function[k, j])) for j, name in enumerate(names)}
+            rows.append(
+                {
+                    "step": step,
+                    "prompt": origin,
+                    "text": record["prompt"] if isinstance(record["prompt"], str) else record["prompt"][-1]["content"],
+                    "enable_thinking": record.get("enable_thinking"),
+                    "answer": decode(answer.tokens, skip_special_tokens=True),
+                    "tokens": answer.tokens,
+                    "stop": answer.stop,
+                    "rewards": {**shown, "total": _number(float(total[k]))},
+                }
+            )
+        with (self.folder / "samples.jsonl").open("a") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+        samples.write_markdown(samples.rows_of(self.folder / "samples.jsonl"), self.folder / "samples.md")
+
+
+def _number(value: float) -> float | None:
+    return None if value != value else value  # a reward no function gave (NaN): null in JSON
