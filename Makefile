@@ -5,8 +5,7 @@
 #                   so the image job needs no package index
 #   make train      the launcher at smoke scale on this host (VARIANT=native|v5|nki_moe, STEPS=N, DEVICE=cpu)
 #   make compare    the three variants alike (SCALE=smoke|bench, STEPS, COMPILE...), one table, one loss plot
-#   make test       ruff, then the whole test suite, the image smoke job included (what CI runs), on both cores
-#                   (pytest-xdist) but the `alone` tests after, and its 10 slowest tests
+#   make test       ruff, then the whole test suite, the image smoke job included (what CI runs), and its 10 slowest tests
 #   make test-fast  ruff, then everything but the slow groups (markers `image` and `training`, pyproject.toml)
 #   make ruff       the lint and the format check (pyproject.toml's [tool.ruff]); `ruff format .` applies it
 #   make docs       the variant and settings tables of README.md and docs/, from the code
@@ -55,17 +54,11 @@ train: venv
 compare: venv
 	SCALE=$${SCALE:-smoke} $(PY) -m bench.compare --run $(ARGS)
 
-# Two passes, the second run even when the first fails: every file not marked `alone` on both cores (pytest-xdist,
-# each file whole on one worker: a file's module fixtures are built once), then the `alone` ones by themselves.
-PYTEST := $(PY) -m pytest -q -rsxX
-BOTH_CORES := -n 2 --dist loadfile
-
 test: ruff
-	$(PYTEST) $(BOTH_CORES) --durations=10 -m "not alone"; first=$$?; $(PYTEST) -m alone; exit $$((first || $$?))
+	$(PY) -m pytest -q -rsxX --durations=10
 
 test-fast: ruff
-	$(PYTEST) $(BOTH_CORES) -m "not image and not training and not alone"; first=$$?; \
-		$(PYTEST) -m "alone and not image and not training"; exit $$((first || $$?))
+	$(PY) -m pytest -q -rsxX -m "not image and not training"
 
 ruff: venv
 	$(VENV)/bin/ruff check .

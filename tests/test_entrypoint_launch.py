@@ -18,7 +18,6 @@ import pytest
 
 from entrypoint import launch
 
-pytestmark = pytest.mark.alone  # bounds in wall-clock seconds
 REPO = Path(__file__).resolve().parent.parent
 GRACE = 2
 

@@ -26,7 +26,7 @@ import torch
 
 from conftest import ANSI, REPO, STEP_LOSS, folder_tensors, worker_env
 
-pytestmark = [pytest.mark.training, pytest.mark.alone]
+pytestmark = pytest.mark.training
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ZERO_LR = "--tune.lr 0"  # the weights stay: a round trip
 SHORT = "--training.seq_len 64 --metrics.log_freq 1"

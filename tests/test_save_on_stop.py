@@ -38,7 +38,7 @@ from conftest import ANSI, REPO, STEP_LOSS, worker_env
 from entrypoint import contract, launch as launcher
 from neuron_qwen3.prelaunch import checkpoints
 
-pytestmark = [pytest.mark.training, pytest.mark.alone]
+pytestmark = pytest.mark.training
 
 STOPPED_AT = re.compile(r"stop: SIGTERM at step (\d+): saved step-\d+")
 STEPS, INTERVAL, SIGNAL_AFTER = 6, 3, 1

@@ -31,7 +31,7 @@ from slurm_cluster import alive, job_state
 
 from neuron_qwen3.prelaunch import checkpoints
 
-pytestmark = [pytest.mark.training, pytest.mark.alone]
+pytestmark = pytest.mark.training
 
 STEPS, INTERVAL = 8, 2
 PEER_TIMEOUT = 15  # the bound under test: a node whose node 0 is lost ends within it
