@@ -59,6 +59,7 @@ COMMON = dict(
     GRPO_GENERATIONS="4",
     GRPO_MAX_COMPLETION="12",
     BATCH_SIZE="8",
+    SEQ_LEN="64",  # a prompt and its completion fit in 40 tokens: the rest of the smoke window would be padding
     LR="1e-2",
     WARMUP_STEPS="0",
     EXTRA_ARGS="--training.mixed_precision_param float32",
@@ -129,16 +130,18 @@ def runs(tmp):
         LR="2e-3",
     )
 
-    def sft_then_learn():
-        sft = dict(
-            DATASET=str(tmp / "data" / "sft.jsonl"), DATASET_FIELD="messages", STEPS="40", LR="3e-3", BATCH_SIZE="2"
-        )
-        first = launch(tmp, "sft", **sft, METHOD="sft", EXPORT_DIR=str(tmp / "sft-model"), EXPORT_DTYPE="float32")
-        return [
-            first,
-            launch(tmp, "learn", **learning, GRPO_REWARDS="parity_rewards:yes"),
-            launch(tmp, "control", **learning, GRPO_REWARDS="parity_rewards:yes_shuffled"),
-        ]
+    sft = dict(
+        DATASET=str(tmp / "data" / "sft.jsonl"),
+        DATASET_FIELD="messages",
+        STEPS="40",
+        LR="3e-3",
+        BATCH_SIZE="2",
+        SEQ_LEN="256",  # the smoke window: SFT packs several conversations in each
+    )
+
+    def after_sft(name, rewards):
+        assert tuned.result().returncode == 0, "the SFT run failed: test_runs_finish[sft] says why"
+        return launch(tmp, name, **learning, GRPO_REWARDS=rewards)
 
     def whole_then_resume():
         first = launch(tmp, "whole", **whole, CHECKPOINT_DIR=str(tmp / "whole-checkpoint"))
@@ -149,13 +152,20 @@ def runs(tmp):
         )
         return first, launch(tmp, "resume", **whole, CHECKPOINT_DIR=str(tmp / "resume-checkpoint"))
 
-    with ThreadPoolExecutor(2) as pool:  # the longest chain first
-        learned = pool.submit(sft_then_learn)
+    with ThreadPoolExecutor(2) as pool:  # SFT first: learn and control wait for its model
+        tuned = pool.submit(
+            launch, tmp, "sft", **sft, METHOD="sft", EXPORT_DIR=str(tmp / "sft-model"), EXPORT_DTYPE="float32"
+        )
         chained = pool.submit(whole_then_resume)
+        learned = {
+            "learn": pool.submit(after_sft, "learn", "parity_rewards:yes"),
+            "control": pool.submit(after_sft, "control", "parity_rewards:yes_shuffled"),
+        }
         done = {name: pool.submit(launch, tmp, name, **env) for name, env in launches.items()}
         done = {name: future.result() for name, future in done.items()}
         done["whole"], done["resume"] = chained.result()
-        done["sft"], done["learn"], done["control"] = learned.result()
+        done["sft"] = tuned.result()
+        done.update({name: future.result() for name, future in learned.items()})
     return {"tmp": tmp, "runs": done}
 
 
