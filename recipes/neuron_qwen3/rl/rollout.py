@@ -211,12 +211,8 @@ class Rollout:
         completions' lengths, the truncated ones, the groups of zero reward std, the seconds generating and
         scoring."""
         lengths = torch.tensor([len(a.tokens) for a in answers], dtype=torch.float64)
-        found = []
-        for column in [*per_function.T.double(), total.double()]:
-            kept = column[~column.isnan()]
-            found += [kept.sum(), (kept**2).sum(), float(kept.numel())]
         g = self.config.generations
-        found += [
+        found = reward_sums(per_function, total) + [
             lengths.sum(),
             float(len(answers)),
             float(sum(a.stop == "length" for a in answers)),
@@ -238,24 +234,11 @@ class Rollout:
         now = time.perf_counter()
         sums, longest, self.sums, self.longest = self.sums, self.longest, None, 0.0
         elapsed, self.since = now - self.since, now
-        if self.group is not None:
-            device = next(self.trainer.model_parts[0].parameters()).device
-            summed = sums.to(device)
-            dist.all_reduce(summed, group=self.group)
-            most = torch.tensor([longest, *sums[-2:].tolist()], dtype=torch.float64, device=device)
-            dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)
-            sums = summed.cpu()
-            longest, seconds = float(most[0]), most[1:].cpu().tolist()
-        else:
-            seconds = sums[-2:].tolist()
-        values = sums.tolist()
-        found = {}
-        for k, name in enumerate([*(f"rewards/{n}" for n in self.rewards.names), "reward"]):
-            total, squares, count = values[3 * k : 3 * k + 3]
-            if count:
-                mean = total / count
-                found[f"grpo/{name}/mean"] = mean
-                found[f"grpo/{name}/std"] = max(squares / count - mean**2, 0.0) ** 0.5
+        model = self.trainer.model_parts[0]
+        values = reduced(sums.tolist(), self.group, model)
+        slowest = [longest, *sums[-2:].tolist()]  # the longest completion, the slowest rank's seconds
+        longest, *seconds = reduced(slowest, self.group, model, dist.ReduceOp.MAX)
+        found = reward_stats(self.rewards.names, values, "grpo/")
         lengths, completions, truncated, flat, groups = values[3 * (len(self.rewards.names) + 1) : -2]
         found.update(
             {
@@ -269,3 +252,36 @@ class Rollout:
             }
         )
         return found
+
+
+def reward_sums(per_function: torch.Tensor, total: torch.Tensor) -> list:
+    """Each reward's and the total's (sum, sum of squares, count) over the completions, leaving out a reward no
+    function gave (NaN): what reward_stats reads once every rank's have been added up."""
+    found = []
+    for column in [*per_function.T.double(), total.double()]:
+        kept = column[~column.isnan()]
+        found += [float(kept.sum()), float((kept**2).sum()), float(kept.numel())]
+    return found
+
+
+def reward_stats(names: list, values: list, prefix: str) -> dict:
+    """`{prefix}rewards/<name>/mean` and `/std` for each reward function, `{prefix}reward/...` for the total, from
+    reward_sums' figures at the head of `values`; a reward no completion was given is left out."""
+    found = {}
+    for k, name in enumerate([*(f"rewards/{n}" for n in names), "reward"]):
+        total, squares, count = values[3 * k : 3 * k + 3]
+        if count:
+            mean = total / count
+            found[f"{prefix}{name}/mean"] = mean
+            found[f"{prefix}{name}/std"] = max(squares / count - mean**2, 0.0) ** 0.5
+    return found
+
+
+def reduced(figures: list, group, model, op=dist.ReduceOp.SUM) -> list:
+    """`figures` reduced over the ranks of `group`, in float64 on the model's device (the process group's backend
+    may not take host tensors); as they are without a group."""
+    if group is None:
+        return [float(v) for v in figures]
+    on_device = torch.tensor([float(v) for v in figures], dtype=torch.float64, device=next(model.parameters()).device)
+    dist.all_reduce(on_device, op=op, group=group)
+    return on_device.tolist()

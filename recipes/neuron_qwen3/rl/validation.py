@@ -18,6 +18,7 @@ from neuron_qwen3.data.loader import table_reader, validation_records
 from neuron_qwen3.data.records import DataError
 from neuron_qwen3.generate.sampling import Sampling
 from neuron_qwen3.report import samples
+from neuron_qwen3.rl.rollout import reduced, reward_stats, reward_sums
 
 SHOWN = 4  # held-out completions written to samples.md at each validation
 
@@ -43,7 +44,7 @@ class HeldOutPrompts:
         self.total = len(whole)
         self.batch = whole[rank::world]
         self.asked = [rollout.prompt_ids(origin, record) for origin, record in self.batch]  # too long: one line now
-        self.writer = rank == 0 and (not dist.is_initialized() or dist.get_rank() == 0)
+        self.writer = not dist.is_initialized() or dist.get_rank() == 0
         self.folder = Path(config.dump_folder) / samples.FOLDER
 
     def begin(self, step: int) -> None:
@@ -59,28 +60,16 @@ class HeldOutPrompts:
         finally:
             model.train()
         names = rollout.rewards.names
-        sums = torch.zeros(2 * len(names) + 5, dtype=torch.float64)  # (sum, count) per reward and total, lengths
+        figures = [0.0] * (3 * len(names) + 6)  # reward_sums' for each reward and the total, then the lengths
         if answers:
             per_function, _ = rollout.score(self.batch, self.asked, answers)
             total = rollout.rewards.total(per_function)
-            for k, column in enumerate([*per_function.T.double(), total.double()]):
-                kept = column[~column.isnan()]
-                sums[2 * k], sums[2 * k + 1] = kept.sum(), kept.numel()
-            sums[-3] = sum(len(a.tokens) for a in answers)
-            sums[-2] = sum(a.stop == "length" for a in answers)
-            sums[-1] = len(answers)
+            truncated = sum(a.stop == "length" for a in answers)
+            figures = reward_sums(per_function, total) + [sum(len(a.tokens) for a in answers), truncated, len(answers)]
             if self.writer:
                 self._write(step, answers[:SHOWN], per_function, total)
-        if rollout.group is not None:
-            device = next(model.parameters()).device
-            summed = sums.to(device)
-            dist.all_reduce(summed, group=rollout.group)
-            sums = summed.cpu()
-        values = sums.tolist()
-        found = {}
-        for k, name in enumerate([*(f"rewards/{n}" for n in names), "reward"]):
-            if values[2 * k + 1]:
-                found[f"validation_metrics/grpo/{name}/mean"] = values[2 * k] / values[2 * k + 1]
+        values = reduced(figures, rollout.group, model)
+        found = reward_stats(names, values, "validation_metrics/grpo/")
         lengths, truncated, completions = values[-3:]
         found["validation_metrics/grpo/completions/mean_length"] = lengths / completions
         found["validation_metrics/grpo/completions/truncated_share"] = truncated / completions
