@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import REPO, random_smoke_model, SCENARIOS, worker_env
+from conftest import REPO, SCENARIOS, random_smoke_model, side_by_side_env, worker_env
 from qwen_size import SMOKE_TOKENIZER
 
 pytestmark = pytest.mark.training
@@ -71,7 +71,7 @@ def write(path, records) -> str:
 
 
 def launch(tmp, name, **env):
-    env = worker_env(SCALE="smoke", METHOD="dpo", OUTPUT_DIR=str(tmp / name), **env)
+    env = side_by_side_env(SCALE="smoke", METHOD="dpo", OUTPUT_DIR=str(tmp / name), **env)
     return subprocess.run(
         [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
     )

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import ANSI, REPO, STEP_LOSS, worker_env
+from conftest import ANSI, REPO, STEP_LOSS, side_by_side_env
 
 pytestmark = pytest.mark.training
 ZERO_LR = "--tune.lr 0"  # the weights stay: a round trip
@@ -204,7 +204,7 @@ def runs(tmp):
     save_dense(f"{tmp}/dense-source")
 
     def launch(name, **env):
-        env = worker_env(
+        env = side_by_side_env(
             SCALE="smoke",
             OUTPUT_DIR=f"{tmp}/{name}-out",
             CACHE_DIR=f"{tmp}/cache",

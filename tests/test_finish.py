@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from conftest import REPO, worker_env
+from conftest import REPO, side_by_side_env
 from neuron_qwen3.finish import finish
 from neuron_qwen3.prelaunch import preflight
 from neuron_qwen3.run.same_config import ADDRESS
@@ -29,7 +29,7 @@ def flat(config: dict) -> dict:
 
 
 def launcher(tmp, name, *args, **env):
-    env = worker_env(SCALE="smoke", OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache", **env)
+    env = side_by_side_env(SCALE="smoke", OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache", **env)
     return subprocess.run(
         [sys.executable, "-m", "entrypoint", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
     )

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import REPO, random_smoke_model, rank_logs, worker_env
+from conftest import REPO, random_smoke_model, rank_logs, side_by_side_env
 
 pytestmark = pytest.mark.training
 REWARDS = """
@@ -72,7 +72,7 @@ def questions(n: int, seed: int = 0) -> list:
 
 
 def launch(tmp, name, **env):
-    env = worker_env(SCALE="smoke", OUTPUT_DIR=str(tmp / name), **{**COMMON, **env})
+    env = side_by_side_env(SCALE="smoke", OUTPUT_DIR=str(tmp / name), **{**COMMON, **env})
     return subprocess.run(
         [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
     )

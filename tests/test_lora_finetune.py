@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import ANSI, REPO, STEP_LOSS, worker_env
+from conftest import ANSI, REPO, STEP_LOSS, side_by_side_env
 
 pytestmark = pytest.mark.training
 ZERO_LR = "--tune.lr 0"  # the weights stay: a round trip
@@ -89,7 +89,7 @@ def runs(tmp):
     save_moe(f"{tmp}/moe-source")
 
     def launch(name, variant, **env):
-        env = worker_env(
+        env = side_by_side_env(
             VARIANT=variant,
             SCALE="smoke",
             OUTPUT_DIR=f"{tmp}/{name}-out",

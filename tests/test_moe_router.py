@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import ANSI, REPO, STEP_LOSS, folder_tensors, recipes_pass, worker_env
+from conftest import ANSI, REPO, STEP_LOSS, folder_tensors, recipes_pass, side_by_side_env, worker_env
 
 STEPS, LR = 3, "1e-3"
 SOURCE_AUX = 0.02  # written into the freeze run's INIT_FROM config.json: Qwen3-MoE's own is 0.001
@@ -246,7 +246,7 @@ def runs(tmp):
         json.dump({**shape, "router_aux_loss_coef": SOURCE_AUX}, f)
 
     def launch(name, **env):
-        env = worker_env(
+        env = side_by_side_env(
             VARIANT="nki_moe",
             SCALE="smoke",
             STEPS=str(STEPS),

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import folder_tensors, worker_env
+from conftest import folder_tensors, side_by_side_env
 from test_finetune_variants import save_dense, save_moe
 from test_neuron_sim import SIM, build_tools  # noqa: F401  (build_tools: the C++ tool check, for this module too)
 
@@ -40,7 +40,7 @@ def runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("sim_training")
     save_dense(root / "dense")
     save_moe(root / "moe")
-    env = worker_env()
+    env = side_by_side_env()
     del env["SAMPLE_PROMPTS"]  # the smoke config's bundled prompts: samples run on the device too
     kinds = ("cpu", "neuron", "census")
     found = {v: {k: root / v / k for k in kinds} for v in census.VARIANTS}

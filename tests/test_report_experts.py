@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO, rank_logs, worker_env
+from conftest import REPO, rank_logs, side_by_side_env
 from test_report_progress import METRICS
 
 from neuron_qwen3 import config_registry, shapes
@@ -106,7 +106,7 @@ def test_the_experts_heatmap_is_a_png_of_the_reports_size(tmp_path):
 
 
 def launch(out, **env):
-    env = worker_env(SCALE="smoke", OUTPUT_DIR=str(out), CACHE_DIR=f"{out.parent}/cache", **env)
+    env = side_by_side_env(SCALE="smoke", OUTPUT_DIR=str(out), CACHE_DIR=f"{out.parent}/cache", **env)
     result = subprocess.run(
         [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=600
     )

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, rank_logs, worker_env
+from conftest import REPO, rank_logs, side_by_side_env
 
 FP32 = "--training.mixed_precision_param float32"
 TOKENS = 12
@@ -167,7 +167,7 @@ def test_a_kv_cache_over_its_share_of_a_neuron_rank_is_refused_in_one_line(tmp_p
 def launch(tmp, name, **env):
     """A smoke launch; without SAMPLE_PROMPTS, the smoke config's own (the bundled prompts)."""
     out = Path(tmp) / f"{name}-out"
-    env = worker_env(
+    env = side_by_side_env(
         **{
             "SCALE": "smoke",
             "OUTPUT_DIR": str(out),

@@ -33,7 +33,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from conftest import ANSI, REPO, STEP_LOSS, worker_env
+from conftest import ANSI, REPO, STEP_LOSS, side_by_side_env, worker_env
 
 from entrypoint import contract, launch as launcher
 from neuron_qwen3.prelaunch import checkpoints
@@ -91,7 +91,7 @@ def base_model(tmp, variant) -> str:
 def env_for(tmp, name, variant, nproc, lora=False):
     case = f"{variant}-{nproc}{'-lora' if lora else ''}-{name}"
     extra = {"INIT_FROM": base_model(tmp, variant), **LORA[variant]} if lora else {}
-    return worker_env(
+    return side_by_side_env(
         VARIANT=variant,
         SCALE="smoke",
         NPROC=str(nproc),

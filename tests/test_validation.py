@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, worker_env
+from conftest import REPO, side_by_side_env
 
 pytestmark = pytest.mark.training
 FP32 = "--training.mixed_precision_param float32"  # FSDP's default bf16 compute would be 1e-3 noise
@@ -48,7 +48,9 @@ def write_jsonl(path, rows):
 
 
 def launch(tmp, name, **env):
-    env = worker_env(VARIANT="native", SCALE="smoke", OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache", **env)
+    env = side_by_side_env(
+        VARIANT="native", SCALE="smoke", OUTPUT_DIR=f"{tmp}/{name}-out", CACHE_DIR=f"{tmp}/cache", **env
+    )
     result = subprocess.run(
         [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
     )

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import REPO, worker_env
+from conftest import REPO, side_by_side_env
 from neuron_qwen3.quirks import worker_exit
 
 SENTINEL = """
@@ -67,8 +67,8 @@ def test_a_finished_worker_skips_finalization_and_a_failed_one_does_not(tmp_path
     def launch(name, env):
         (tmp_path / name).mkdir()
         path = os.pathsep.join([str(tmp_path / "site"), os.environ["PYTHONPATH"]])
-        env = worker_env(SCALE="smoke", OUTPUT_DIR=str(tmp_path / name / "out"), SENTINELS=str(tmp_path / name))
-        env.update(PYTHONPATH=path, **runs[name])
+        out, sentinels = str(tmp_path / name / "out"), str(tmp_path / name)
+        env = side_by_side_env(SCALE="smoke", OUTPUT_DIR=out, SENTINELS=sentinels, PYTHONPATH=path, **runs[name])
         return subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True)
 
     with ThreadPoolExecutor(2) as pool:
