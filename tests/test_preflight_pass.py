@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from conftest import REPO, launcher_at
 from neuron_qwen3 import config_registry, shapes
-from neuron_qwen3.prelaunch import preflight
+from neuron_qwen3.prelaunch import preflight, versions
 
 SMOKE_CONFIG = json.loads((config_registry.HF_MODEL["smoke"] / "config.json").read_text())
 
@@ -251,12 +251,12 @@ def fake_version(installed):
 
 
 def test_lock_parsing(tmp_path):
-    pins = preflight.pins(locks(tmp_path, IMAGE_LOCK) / "requirements.lock")
+    pins = versions.pins(locks(tmp_path, IMAGE_LOCK) / "requirements.lock")
     assert pins == {"torchtitan": {"0.3.0"}, "transformers": {"5.16.0"}, "huggingface-hub": {"1.33.0"}}
 
 
 def test_matching_versions_pass_and_local_labels_are_accepted(tmp_path):
-    assert preflight.versions(locks(tmp_path, IMAGE_LOCK, HOST_LOCK), fake_version(INSTALLED), neuron_dlc=False) == (
+    assert versions.versions(locks(tmp_path, IMAGE_LOCK, HOST_LOCK), fake_version(INSTALLED), neuron_dlc=False) == (
         [],
         [],
     )
@@ -271,7 +271,7 @@ def test_matching_versions_pass_and_local_labels_are_accepted(tmp_path):
     ],
 )
 def test_a_version_off_the_lock_fails(tmp_path, installed, words):
-    problems, warnings = preflight.versions(
+    problems, warnings = versions.versions(
         locks(tmp_path, IMAGE_LOCK, HOST_LOCK), fake_version(installed), neuron_dlc=False
     )
     assert len(problems) == 1 and not warnings and all(word in problems[0] for word in words), problems
@@ -279,14 +279,14 @@ def test_a_version_off_the_lock_fails(tmp_path, installed, words):
 
 def test_on_the_neuron_dlc_the_host_torch_lock_is_not_read(tmp_path):
     installed = {**INSTALLED, "torch": "2.14.0", "torch-neuronx": "2.14.3.1"}
-    assert preflight.versions(locks(tmp_path, IMAGE_LOCK, HOST_LOCK), fake_version(installed), neuron_dlc=True) == (
+    assert versions.versions(locks(tmp_path, IMAGE_LOCK, HOST_LOCK), fake_version(installed), neuron_dlc=True) == (
         [],
         [],
     )
 
 
 def test_a_missing_lock_is_a_warning_and_skips_its_pins(tmp_path):
-    problems, warnings = preflight.versions(
+    problems, warnings = versions.versions(
         locks(tmp_path, None, HOST_LOCK), fake_version({"torch": "2.14.1"}), neuron_dlc=False
     )
     assert problems == [] and len(warnings) == 1 and "requirements.lock" in warnings[0]
@@ -302,11 +302,11 @@ transformers==5.16.0
 
 
 def test_in_an_image_built_with_the_fork_its_recorded_torchtitan_is_the_one_checked(tmp_path):
-    (locks(tmp_path, IMAGE_LOCK, HOST_LOCK) / preflight.IMAGE_BUILD).write_text(FORK_BUILD)
-    assert preflight.built_with(tmp_path) == "neuron"
+    (locks(tmp_path, IMAGE_LOCK, HOST_LOCK) / versions.IMAGE_BUILD).write_text(FORK_BUILD)
+    assert versions.built_with(tmp_path) == "neuron"
     fork = {"torch": "2.14.0", "torch-neuronx": "2.14.3.1", "torchtitan": "0.2.2+neuron.1", "transformers": "5.16.0"}
-    assert preflight.versions(tmp_path, fake_version(fork), neuron_dlc=True) == ([], [])
-    problems, _ = preflight.versions(tmp_path, fake_version({**fork, "torchtitan": "0.3.0"}), neuron_dlc=True)
+    assert versions.versions(tmp_path, fake_version(fork), neuron_dlc=True) == ([], [])
+    problems, _ = versions.versions(tmp_path, fake_version({**fork, "torchtitan": "0.3.0"}), neuron_dlc=True)
     assert [text.split(":")[0] for text in problems] == [
         "torchtitan 0.3.0 is installed but image-build.lock (this image was built with TORCHTITAN=neuron) pins "
         "0.2.2+neuron.1"
@@ -314,19 +314,19 @@ def test_in_an_image_built_with_the_fork_its_recorded_torchtitan_is_the_one_chec
 
 
 def test_the_bases_torch_neuronx_is_checked_against_the_build_record(tmp_path):
-    (locks(tmp_path, IMAGE_LOCK, HOST_LOCK) / preflight.IMAGE_BUILD).write_text(FORK_BUILD)
+    (locks(tmp_path, IMAGE_LOCK, HOST_LOCK) / versions.IMAGE_BUILD).write_text(FORK_BUILD)
     changed = {"torch": "2.14.0", "torch-neuronx": "2.14.4.0", "torchtitan": "0.2.2+neuron.1", "transformers": "5.16.0"}
-    problems, _ = preflight.versions(tmp_path, fake_version(changed), neuron_dlc=True)
+    problems, _ = versions.versions(tmp_path, fake_version(changed), neuron_dlc=True)
     assert len(problems) == 1 and problems[0].startswith("torch-neuronx 2.14.4.0 is installed")
 
 
 def test_outside_an_image_there_is_no_build_record_and_no_warning_about_it(tmp_path):
-    assert preflight.built_with(locks(tmp_path, IMAGE_LOCK, HOST_LOCK)) is None
-    assert preflight.versions(tmp_path, fake_version(INSTALLED), neuron_dlc=False) == ([], [])
+    assert versions.built_with(locks(tmp_path, IMAGE_LOCK, HOST_LOCK)) is None
+    assert versions.versions(tmp_path, fake_version(INSTALLED), neuron_dlc=False) == ([], [])
 
 
 def test_this_venv_matches_its_own_locks():
-    assert preflight.versions(REPO) == ([], [])
+    assert versions.versions(REPO) == ([], [])
 
 
 def test_a_moe_folder_saved_by_transformers_is_read_as_transformers_reads_it(tmp_path):
