@@ -168,13 +168,13 @@ def test_an_adapter_folder_names_its_base_and_becomes_the_initial_load(tmp_path,
 def test_resuming_with_lora_does_not_ignore_init_from(tmp_path, dense_base, monkeypatch, lora_flags, ignored):
     """A complete checkpoint wins over INIT_FROM, except with LoRA: its base loads on every start, and the
     checkpoint's fingerprint is checked against it before launch."""
-    from neuron_qwen3.lora import folders
+    from neuron_qwen3.lora import base_check
     from neuron_qwen3.prelaunch import checkpoints, preflight
 
     folder = tmp_path / "checkpoint"
     monkeypatch.setattr(checkpoints, "prepare", lambda *_, **__: (3, []))  # a step to resume
     asked = []
-    monkeypatch.setattr(folders, "check_resume_base", lambda step, base: asked.append((step, base)) or [])
+    monkeypatch.setattr(base_check, "check_resume_base", lambda step, base: asked.append((step, base)) or [])
     args = [
         "--module",
         "neuron_qwen3",
@@ -450,23 +450,23 @@ def test_the_fingerprint_tells_apart_two_bases_of_one_shape(tmp_path, dense_base
 
     import transformers
 
-    from neuron_qwen3.lora import folders
+    from neuron_qwen3.lora import base_check
 
     other = tmp_path / "other"
     torch.manual_seed(1)
     transformers.Qwen3ForCausalLM(transformers.AutoConfig.from_pretrained(dense_base)).save_pretrained(other)
     same = tmp_path / "same"
     shutil.copytree(dense_base, same)
-    assert folders.base_fingerprint(str(dense_base)) == folders.base_fingerprint(str(same))
-    assert folders.base_fingerprint(str(dense_base))["bytes"] == folders.base_fingerprint(str(other))[
+    assert base_check.base_fingerprint(str(dense_base)) == base_check.base_fingerprint(str(same))
+    assert base_check.base_fingerprint(str(dense_base))["bytes"] == base_check.base_fingerprint(str(other))[
         "bytes"
-    ] and folders.base_fingerprint(str(dense_base)) != folders.base_fingerprint(str(other))
-    check = folders.BaseCheck(str(other))
+    ] and base_check.base_fingerprint(str(dense_base)) != base_check.base_fingerprint(str(other))
+    check = base_check.BaseCheck(str(other))
     with pytest.raises(
         adapters.LoRAError, match=r"trained over a base of [\d,]+ bytes \(sha256 \w{12}\), but INIT_FROM"
     ):
-        check.load_state_dict(folders.base_fingerprint(str(dense_base)))
-    check.load_state_dict(folders.base_fingerprint(str(other)))
+        check.load_state_dict(base_check.base_fingerprint(str(dense_base)))
+    check.load_state_dict(base_check.base_fingerprint(str(other)))
 
 
 def test_the_dry_run_footprint_shrinks_gradients_and_optimizer_with_the_trainable_share():

@@ -311,7 +311,7 @@ def test_merge_and_unload_is_the_merged_export_and_the_base_did_not_move(done, n
 
 @pytest.mark.parametrize("name", ["dense", "moe", "v5"])
 def test_checkpoints_hold_the_adapters_and_their_optimizer_only(done, name):
-    from neuron_qwen3.lora import adapters, folders
+    from neuron_qwen3.lora import adapters, base_check
 
     state = final_checkpoint(done, name)
     model = [key for key, value in state.items() if isinstance(value, torch.Tensor)]
@@ -320,7 +320,7 @@ def test_checkpoints_hold_the_adapters_and_their_optimizer_only(done, name):
     ]
     optimizer = [key for key in state["optimizer"] if key.startswith("state.")]
     assert optimizer and all(key.removeprefix("state.").rsplit(".", 1)[0] in model for key in optimizer)
-    assert state[folders.BASE_STATE] == folders.base_fingerprint(f"{done['tmp']}/{SOURCE[name]}")
+    assert state[base_check.BASE_STATE] == base_check.base_fingerprint(f"{done['tmp']}/{SOURCE[name]}")
 
 
 def test_the_export_is_a_peft_adapter_folder(done):
@@ -347,7 +347,7 @@ def test_an_adapter_folder_continues_training(done):
 
 def test_a_resume_over_another_base_is_refused_in_one_line(done):
     """The pre-launch pass names it (PREFLIGHT=warn lets the launch go on), and the workers refuse it too."""
-    from neuron_qwen3.lora import folders
+    from neuron_qwen3.lora import base_check
 
     result = done["other"]
     step = f"{done['tmp']}/other-checkpoint/step-8"
@@ -362,4 +362,4 @@ def test_a_resume_over_another_base_is_refused_in_one_line(done):
         if "LoRAError: " in line
     }
     assert len(lines) == 1 and "trained over a base of" in lines.pop()
-    assert folders.check_resume_base(step, f"{done['tmp']}/dense-source") == []
+    assert base_check.check_resume_base(step, f"{done['tmp']}/dense-source") == []

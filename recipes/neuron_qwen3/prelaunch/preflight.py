@@ -256,7 +256,7 @@ def run(request: dict) -> dict:
     from neuron_qwen3 import data, settings
     from neuron_qwen3.finish import finish
     from neuron_qwen3.report import samples
-    from neuron_qwen3.lora import adapters, folders, footprint
+    from neuron_qwen3.lora import adapters, base_check, folders, footprint
 
     try:
         tuned = folders.settings(config)  # INIT_FROM naming a PEFT adapter: its settings
@@ -321,7 +321,7 @@ def run(request: dict) -> dict:
     if reference and reference != config.checkpoint.initial_load_path:
         problems += hf_folder("DPO_REFERENCE", reference, shape)
     if tuned and resume is not None and not problems:
-        problems = folders.check_resume_base(
+        problems = base_check.check_resume_base(
             os.path.join(config.checkpoint.folder, f"step-{resume}"), config.checkpoint.initial_load_path
         )
     exported = shape.parameters() if shape and (not tuned or config.export.merged) else None  # an adapter is small
