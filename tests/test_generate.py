@@ -4,8 +4,9 @@ Each model is built from the recipes' smoke config and loaded, through its state
 transformers made and saved (test_finetune_variants' helpers), in float32. Greedy answers must be transformers'
 `generate` on the same weights token for token, for prompts of several lengths in several waves and buckets,
 with early stops; the generator must run only the shapes its plan announced; the log-probability it records for
-each sampled token must be the training forward's on the finished sequence. The 2-rank FSDP runs through the
-launcher are test_samples.py's.
+each sampled token must be the training forward's on the finished sequence. Two FSDP ranks with prompts of their
+own run as a torchrun scenario (scenarios/generate_ranks.py); the 2-rank runs through the launcher are
+test_samples.py's.
 Run: .venv/bin/python -m pytest tests/test_generate.py -q
 """
 
@@ -18,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, worker_env
+from conftest import REPO, run_scenario, worker_env
 from test_finetune_variants import moe_config, save_dense, save_moe, tensors
 
 from neuron_qwen3.generate.engine import Generator
@@ -156,6 +157,31 @@ def test_a_seeded_round_is_drawn_again_from_the_saved_generator_state(models):
     again = generator.generate(asked, sampling, rng)
     assert [a.tokens for a in first] == [a.tokens for a in again]
     assert first[0].tokens != generator.generate(asked, sampling, rng)[0].tokens  # the draws do move on
+
+
+def test_ranks_answering_different_prompts_each_get_transformers_answers(tmp_path):
+    """Two ranks under FSDP answer prompts of their own, as GRPO's ranks and its held-out validation do: rank 0
+    three waves and rank 1 one, whose answer stops early; then rank 0 one prompt and rank 1 none. Every forward
+    gathers the weights from both ranks, so a rank that ran fewer would hang its peer: each answer must still be
+    transformers' greedy one."""
+    reference = save_dense(tmp_path / "model").eval()
+    vocab = reference.config.vocab_size
+    rounds = {"0": [prompts(vocab), prompts(vocab, seed=1)[:1]], "1": [prompts(vocab, seed=2)[1:2], []]}
+    free = [transformers_greedy(reference, ids, set())[0] for ids in rounds["1"][0] + rounds["0"][0]]
+    stops = {free[0][2]} - {token for answer in free[1:] for token in answer}  # rank 1's answer ends early
+    plan = {"slots": 2, "buckets": [16, 32, 64], "new_tokens": NEW_TOKENS}
+    (tmp_path / "asked.json").write_text(json.dumps({"plan": plan, "stops": sorted(stops), **rounds}))
+    result = run_scenario(
+        "generate_ranks", str(tmp_path / "model"), str(tmp_path / "asked.json"), str(tmp_path), nproc=2
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    found = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in rounds}
+    for rank, asked in rounds.items():
+        expected = [[transformers_greedy(reference, ids, stops)[0] for ids in each] for each in asked]
+        assert found[rank]["answers"] == expected, rank
+    # rank 1's answer stopped early while rank 0's ran on to the budget: rank 1 kept pace with masked slots
+    assert len(found["1"]["answers"][0][0]) < NEW_TOKENS and max(map(len, found["0"]["answers"][0])) == NEW_TOKENS
+    assert found["0"]["forwards"] == found["1"]["forwards"]
 
 
 def test_the_offline_command_answers_a_prompts_file_as_transformers_does(tmp_path):
