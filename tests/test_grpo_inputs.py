@@ -18,6 +18,7 @@ Run: .venv/bin/python -m pytest tests/test_grpo_inputs.py -q
 """
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -124,10 +125,39 @@ BEFORE_LAUNCH = [
 ]
 
 
-@pytest.mark.parametrize("env, says", [case[1:] for case in BEFORE_LAUNCH], ids=[case[0] for case in BEFORE_LAUNCH])
-def test_the_pre_launch_pass_refuses_in_one_line(tmp_path, env, says):
-    files = written(tmp_path)
-    status, lines = launcher_errors(tmp_path, timeout=120, **filled(env, files))
+# The two reward functions that fail in the worker, at step 1: (id, the function, what its one line says).
+AT_STEP_1 = [
+    ("raises", "fails", "raised ZeroDivisionError: division by zero on {data}:1"),
+    ("wrong-length", "one_short", "returned 1 rewards for 2 completions on {data}:1"),
+]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> dict:
+    """Every launch of BEFORE_LAUNCH and AT_STEP_1, two at a time (a refusal is mostly the pre-launch pass's
+    imports, on one core): {id: (its folder, written()'s files, the exit status, the stderr lines)}."""
+    jobs = [  # the longest first
+        *(
+            (name, {**GRPO, "GRPO_REWARDS": f"{MODULE}:{function}", "DATASET": "{data}"}, 300)
+            for name, function, _ in AT_STEP_1
+        ),
+        *((name, env, 120) for name, env, _ in BEFORE_LAUNCH),
+    ]
+
+    def launch(name, env, timeout):
+        tmp = tmp_path_factory.mktemp(name)
+        files = written(tmp)
+        return name, (tmp, files, *launcher_errors(tmp, timeout=timeout, **filled(env, files)))
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(lambda job: launch(*job), jobs))
+
+
+@pytest.mark.parametrize(
+    "name, says", [(case[0], case[2]) for case in BEFORE_LAUNCH], ids=[c[0] for c in BEFORE_LAUNCH]
+)
+def test_the_pre_launch_pass_refuses_in_one_line(launched, name, says):
+    tmp_path, files, status, lines = launched[name]
     assert status == 2 and len(lines) == 1 and lines[0].startswith("entrypoint: "), lines
     for part in says:
         assert part.format(**files) in lines[0], lines[0]
@@ -153,18 +183,9 @@ def test_the_contract_refuses_a_value_out_of_range(tmp_path, variable, value, sa
 
 
 @pytest.mark.training  # torchrun and a worker that builds the model and generates: ~20 s
-@pytest.mark.parametrize(
-    "function, says",
-    [
-        ("fails", "raised ZeroDivisionError: division by zero on {data}:1"),
-        ("one_short", "returned 1 rewards for 2 completions on {data}:1"),
-    ],
-    ids=["raises", "wrong-length"],
-)
-def test_a_reward_that_fails_at_step_1_stops_the_worker_in_one_line(tmp_path, function, says):
-    files = written(tmp_path)
-    env = filled({**GRPO, "GRPO_REWARDS": f"{MODULE}:{function}", "DATASET": "{data}"}, files)
-    status, lines = launcher_errors(tmp_path, timeout=300, **env)
+@pytest.mark.parametrize("name, function, says", AT_STEP_1, ids=[case[0] for case in AT_STEP_1])
+def test_a_reward_that_fails_at_step_1_stops_the_worker_in_one_line(launched, name, function, says):
+    tmp_path, files, status, lines = launched[name]
     lines = [ANSI.sub("", line) for line in lines]
     output = "\n".join(lines)
     line = f"neuron_qwen3: GRPO_REWARDS: {MODULE}:{function} {says.format(**files)}"
