@@ -133,7 +133,7 @@ def report(out):
 
 def tb_scalars(out) -> dict:
     """TensorBoard's scalars under $OUTPUT_DIR/tb: tag -> {step: value}."""
-    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    from tensorboard.backend.event_processing import event_accumulator  # locked: a missing one fails, not skips
     [folder] = (out / "tb").iterdir()
     events = event_accumulator.EventAccumulator(str(folder))
     events.Reload()
