@@ -134,6 +134,7 @@ def report(out):
 def tb_scalars(out) -> dict:
     """TensorBoard's scalars under $OUTPUT_DIR/tb: tag -> {step: value}."""
     from tensorboard.backend.event_processing import event_accumulator  # locked: a missing one fails, not skips
+
     [folder] = (out / "tb").iterdir()
     events = event_accumulator.EventAccumulator(str(folder))
     events.Reload()

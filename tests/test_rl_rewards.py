@@ -254,6 +254,7 @@ def test_accuracy_without_a_gold_column_names_the_record():
 
 def test_numpy_and_int_rewards_are_numbers(user_module):
     import numpy as np  # torch's dependency: a missing one fails, not skips
+
     folder, name = user_module
     run = rewards.load(f"{name}:gives", "", 16, search=(folder,))
     for value, expected in [(np.float32(0.25), 0.25), (2, 2.0), (np.int64(-1), -1.0)]:
