@@ -144,10 +144,13 @@ def launched(tmp_path_factory) -> dict:
         *((name, env, 120) for name, env, _ in BEFORE_LAUNCH),
     ]
 
+    # The folders are made here, not in the threads: pytest's first mktemp of a session makes its base folder, and
+    # two threads doing that at once each make one (a file run alone failed on it).
+    folders = {name: tmp_path_factory.mktemp(name) for name, _, _ in jobs}
+
     def launch(name, env, timeout):
-        tmp = tmp_path_factory.mktemp(name)
-        files = written(tmp)
-        return name, (tmp, files, *launcher_errors(tmp, timeout=timeout, **filled(env, files)))
+        files = written(folders[name])
+        return name, (folders[name], files, *launcher_errors(folders[name], timeout=timeout, **filled(env, files)))
 
     with ThreadPoolExecutor(2) as pool:
         return dict(pool.map(lambda job: launch(*job), jobs))
