@@ -15,7 +15,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict
 
-from entrypoint import contract, discovery, launch, plan, preflight
+from entrypoint import contract, discovery, hygiene, launch, plan, preflight
 from entrypoint.variants import RECIPE_MODULE, VARIANTS
 
 
@@ -63,7 +63,7 @@ def print_list() -> int:
 
 def say(text, environ, stream=None):
     """One line: errors and warnings on stderr (the default), progress on stdout with the launch line."""
-    print(f"entrypoint: {contract.redact(text, environ)}", file=stream or sys.stderr, flush=True)
+    print(f"entrypoint: {hygiene.redact(text, environ)}", file=stream or sys.stderr, flush=True)
 
 
 def reported(findings, settings, environ, lines=()) -> int:
@@ -86,7 +86,7 @@ def dry_run(resolved, settings, environ) -> int:
         "notes": answer["lines"],
         "torchtitan_config": answer["config"],
     }
-    print(contract.redact(json.dumps(shown, indent=2), environ))
+    print(hygiene.redact(json.dumps(shown, indent=2), environ))
     return 0
 
 
@@ -94,7 +94,7 @@ def check(resolved, settings, environ, root) -> int:
     findings = preflight.run(resolved, settings, environ, root)
     fetched = (
         subprocess.run(
-            preflight.fetch_argv(resolved, settings, check=True), env=contract.child_env(environ, fetch=True)
+            preflight.fetch_argv(resolved, settings, check=True), env=hygiene.child_env(environ, fetch=True)
         ).returncode
         if resolved.assets
         else 0
@@ -119,7 +119,7 @@ def prepare(resolved, settings, environ, root, held: ExitStack) -> int:
     code = reported([f for f in findings if f.fatal], settings, environ)
     if not code and resolved.assets:
         code = launch.run(
-            preflight.fetch_argv(resolved, settings), contract.child_env(environ, fetch=True), settings.stop_grace
+            preflight.fetch_argv(resolved, settings), hygiene.child_env(environ, fetch=True), settings.stop_grace
         )
     if code:
         return code
@@ -162,7 +162,7 @@ def main(argv=None, environ=None, root="/") -> int:
         return print_list()
     if not args.dry_run:
         launch.watch()  # a stop from here on (discovery, neuron-ls, preflight, the fetch) starts nothing more
-    for line in contract.stray_names(environ):
+    for line in hygiene.stray_names(environ):
         say(f"warning: {line}", environ)
     try:
         settings = contract.parse(environ)
@@ -193,5 +193,5 @@ def main(argv=None, environ=None, root="/") -> int:
         line = shlex.join([f"{name}={value}" for name, value in resolved.env.items()] + list(resolved.argv))
         say(line, environ, sys.stdout)
         peer = (resolved.rendezvous.endpoint, settings.peer_timeout) if resolved.rendezvous.node_rank else None
-        workers = {**contract.child_env(environ), **resolved.env}
+        workers = {**hygiene.child_env(environ), **resolved.env}
         return launch.run(resolved.argv, workers, settings.stop_grace, peer)

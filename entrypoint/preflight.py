@@ -16,7 +16,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 
-from entrypoint.contract import Settings, child_env
+from entrypoint.contract import Settings
+from entrypoint.hygiene import child_env
 from entrypoint.discovery import PHYSICAL_CORES_PER_DEVICE
 from entrypoint.plan import CACHE_VARS as CACHE_VARS_BY_KIND
 from entrypoint.plan import Plan

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOTED
-from entrypoint import cli, contract, launch, preflight
+from entrypoint import cli, contract, hygiene, launch, preflight
 from entrypoint.variants import VARIANTS
 from neuron_qwen3.shapes import MODELS
 
@@ -330,6 +330,6 @@ def test_sigterm_during_discovery_exits_143_and_launches_nothing(tmp_path):
 def test_a_token_with_a_trailing_newline_is_redacted_too():
     """A Kubernetes secret made from a file keeps its newline; the token still shows up in text without it."""
     env = {"HF_TOKEN": "hf_from_a_file\n"}
-    assert contract.redact("--x hf_from_a_file --y", env) == "--x *** --y"
-    assert contract.redact(f"env HF_TOKEN={env['HF_TOKEN']}", env) == "env HF_TOKEN=***"
-    assert contract.redact("nothing", {"HF_TOKEN": " \n"}) == "nothing"
+    assert hygiene.redact("--x hf_from_a_file --y", env) == "--x *** --y"
+    assert hygiene.redact(f"env HF_TOKEN={env['HF_TOKEN']}", env) == "env HF_TOKEN=***"
+    assert hygiene.redact("nothing", {"HF_TOKEN": " \n"}) == "nothing"

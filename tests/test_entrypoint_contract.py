@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from entrypoint import contract, values
+from entrypoint import contract, hygiene, values
 from entrypoint.variants import DEFAULT_VARIANT, RECIPE_MODULE, SCALES, VARIANTS
 
 VAR = {var.name: var for var in contract.VARS}
@@ -252,8 +252,8 @@ def test_secrets_are_redacted_and_kept_out_of_repr():
     env = {"HF_TOKEN": "hf_secret\n", "WANDB_API_KEY": "wandb_key"}
     settings = contract.parse(env)
     assert "hf_secret" not in repr(settings) and "wandb_key" not in repr(settings)
-    assert contract.redact("a hf_secret b wandb_key", env) == "a *** b ***"
-    assert contract.redact("a b", {}) == "a b"
+    assert hygiene.redact("a hf_secret b wandb_key", env) == "a *** b ***"
+    assert hygiene.redact("a b", {}) == "a b"
 
 
 def test_values_are_parsed_to_their_final_types():
@@ -272,6 +272,6 @@ def test_model_takes_any_qwen3_hub_id(model):
 
 def test_the_hub_token_reaches_the_asset_fetch_alone_stripped():
     environ = {"PATH": "/bin", "HF_TOKEN": "hf_from_a_file\n", "WANDB_API_KEY": "wandb_key"}
-    assert contract.child_env(environ, fetch=True) == {"PATH": "/bin", "HF_TOKEN": "hf_from_a_file"}
-    assert contract.child_env(environ) == {"PATH": "/bin", "WANDB_API_KEY": "wandb_key"}  # workers log to W&B
-    assert contract.child_env({"PATH": "/bin", "HF_TOKEN": ""}, fetch=True) == {"PATH": "/bin"}
+    assert hygiene.child_env(environ, fetch=True) == {"PATH": "/bin", "HF_TOKEN": "hf_from_a_file"}
+    assert hygiene.child_env(environ) == {"PATH": "/bin", "WANDB_API_KEY": "wandb_key"}  # workers log to W&B
+    assert hygiene.child_env({"PATH": "/bin", "HF_TOKEN": ""}, fetch=True) == {"PATH": "/bin"}

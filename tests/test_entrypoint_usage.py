@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from entrypoint import contract, plan
+from entrypoint import contract, hygiene, plan
 from entrypoint.discovery import Devices
 
 from conftest import REPO, launcher_at
@@ -71,7 +71,7 @@ def test_a_near_miss_or_another_launchers_variable_is_one_warning_each():
         "entrypoint: warning: VARAINT is not read by this launcher: did you mean VARIANT?",
     ]
     assert (
-        contract.stray_names(
+        hygiene.stray_names(
             {
                 "SLURM_JOBID": "1",
                 "NVIDIA_VISIBLE_DEVICES": "all",
