@@ -23,8 +23,8 @@ import torch
 
 from conftest import launcher_errors, recipes_pass
 
-from neuron_qwen3.lora import adapters, footprint
-from neuron_qwen3.lora.adapters import TARGETS
+from neuron_qwen3.lora import adapters, footprint, targets
+from neuron_qwen3.lora.targets import TARGETS
 from neuron_qwen3.settings import Lora
 
 
@@ -299,7 +299,7 @@ def test_b_zero_changes_nothing_and_only_adapters_train(variant, dense_attention
 
 def test_a_target_no_module_matches_is_one_line_in_the_worker():
     _, model = built("nki_moe", "meta")  # an MoE model, told it is dense: the family check passes, the model has none
-    with pytest.raises(adapters.LoRAError) as caught:
+    with pytest.raises(targets.LoRAError) as caught:
         adapters.insert(model, Lora(rank=2, targets="q_proj,gate_proj"), "dense")
     assert str(caught.value).startswith("LORA_TARGETS: gate_proj matches no module of this model") and "\n" not in str(
         caught.value
@@ -311,7 +311,7 @@ def test_lora_refuses_tensor_and_expert_parallelism():
 
     dims = SimpleNamespace(tp_enabled=True, ep_enabled=False, pp_enabled=False, tp=2, ep=1, pp=1)
     parallelize = adapters.wrap_parallelize(lambda model, **_: model, Lora(rank=2), "dense")
-    with pytest.raises(adapters.LoRAError, match="FSDP only; this run has tp=2, ep=1, pp=1"):
+    with pytest.raises(targets.LoRAError, match="FSDP only; this run has tp=2, ep=1, pp=1"):
         parallelize(torch.nn.Linear(2, 2), parallel_dims=dims)
 
 
@@ -463,7 +463,7 @@ def test_the_fingerprint_tells_apart_two_bases_of_one_shape(tmp_path, dense_base
     ] and base_check.base_fingerprint(str(dense_base)) != base_check.base_fingerprint(str(other))
     check = base_check.BaseCheck(str(other))
     with pytest.raises(
-        adapters.LoRAError, match=r"trained over a base of [\d,]+ bytes \(sha256 \w{12}\), but INIT_FROM"
+        targets.LoRAError, match=r"trained over a base of [\d,]+ bytes \(sha256 \w{12}\), but INIT_FROM"
     ):
         check.load_state_dict(base_check.base_fingerprint(str(dense_base)))
     check.load_state_dict(base_check.base_fingerprint(str(other)))
@@ -504,7 +504,7 @@ def test_continuing_an_adapter_takes_its_settings_and_refuses_others(tmp_path, d
     assert folders.resolve(parsed(*load, "--lora.targets=q_proj,v_proj,experts.down_proj")) == Lora(
         rank=8, alpha=32.0, dropout=0.05, targets="v_proj,q_proj,experts.down_proj", adapter=str(tmp_path)
     )
-    with pytest.raises(adapters.LoRAError) as caught:
+    with pytest.raises(targets.LoRAError) as caught:
         folders.resolve(parsed(*load, "--lora.rank=4", "--lora.targets=q_proj"))
     assert str(caught.value) == (
         f"INIT_FROM={tmp_path}: LORA_RANK=4 (the adapter's: 8), LORA_TARGETS=q_proj (the "
@@ -514,5 +514,5 @@ def test_continuing_an_adapter_takes_its_settings_and_refuses_others(tmp_path, d
     (tmp_path / "adapter_config.json").write_text(
         json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 8, "use_dora": True, "target_modules": ["q_proj"]})
     )
-    with pytest.raises(adapters.LoRAError, match="with use_dora: this image continues plain LoRA only"):
+    with pytest.raises(targets.LoRAError, match="with use_dora: this image continues plain LoRA only"):
         folders.resolve(parsed(*load))

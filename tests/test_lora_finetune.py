@@ -198,7 +198,7 @@ def trained_titan(done, name):
     from torchtitan.config.override import apply_overrides
 
     from neuron_qwen3 import config_registry
-    from neuron_qwen3.lora import adapters
+    from neuron_qwen3.lora import adapters, targets
     from neuron_qwen3.quirks import hf_rope_fix
     from neuron_qwen3.settings import Lora
 
@@ -210,7 +210,7 @@ def trained_titan(done, name):
     apply_overrides(config.override, config)
     with torch.device("meta"):
         model = model_config.build()
-    adapters.insert(model, Lora(**SETTINGS[name]), adapters.family_of(model_config))
+    adapters.insert(model, Lora(**SETTINGS[name]), targets.family_of(model_config))
     model.to_empty(device="cpu")
     with torch.no_grad():
         model.init_weights(buffer_device=None)

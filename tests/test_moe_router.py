@@ -148,9 +148,9 @@ def test_freeze_takes_the_routers_and_nothing_else_out_of_the_gradient():
 
 
 def test_no_lora_target_names_the_router():
-    from neuron_qwen3.lora import adapters
+    from neuron_qwen3.lora import targets
 
-    assert not [target for target in adapters.TARGETS["moe"] if target in ("gate", "router", "mlp.gate")]
+    assert not [target for target in targets.TARGETS["moe"] if target in ("gate", "router", "mlp.gate")]
 
 
 # The finished config's parallelize_fn and optimizer, as the trainer calls them (torchtitan trainer.py), in a fresh

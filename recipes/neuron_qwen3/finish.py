@@ -19,7 +19,7 @@ from pathlib import Path
 
 from neuron_qwen3 import data, shapes
 from neuron_qwen3.hf import weights
-from neuron_qwen3.lora import adapters, folders
+from neuron_qwen3.lora import adapters, folders, targets
 from neuron_qwen3.moe import routing
 from neuron_qwen3.run import tuning
 from neuron_qwen3.settings import Lora
@@ -134,7 +134,7 @@ def configure_router(config) -> None:
     and TRL read it), else 0.001; a dense model: 0. MOE_ROUTER=freeze: the routers frozen after parallelizing
     (in place, as LoRA's adapters are, for the same reason). The coefficients' range: settings.Moe."""
     moe = config.moe
-    if adapters.family_of(config.model_spec.model) != "moe":
+    if targets.family_of(config.model_spec.model) != "moe":
         moe.aux_loss = 0.0 if moe.aux_loss is None else moe.aux_loss
         return
     if moe.aux_loss is None:

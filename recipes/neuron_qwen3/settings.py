@@ -78,7 +78,7 @@ class Lora(Section):
     dropout: float = 0.0
     """Dropout on the adapters' input (not on MoE experts: PEFT has none there)."""
     targets: str = ""
-    """Comma list of the Hugging Face projections adapted (adapters.TARGETS); empty: the attention and MLP projections
+    """Comma list of the Hugging Face projections adapted (targets.TARGETS); empty: the attention and MLP projections
     on dense models, the attention projections on MoE."""
     adapter: tyro.conf.Suppress[str] = ""
     """Not a flag: the PEFT adapter folder that INIT_FROM named, whose rank, alpha, dropout and targets these are,
@@ -99,7 +99,7 @@ class Lora(Section):
 
     @property
     def names(self) -> tuple[str, ...]:
-        """`targets` as names, in their order; (): the model family's default (lora/adapters.py: targets_of)."""
+        """`targets` as names, in their order; (): the model family's default (lora/targets.py: targets_of)."""
         return tuple(name.strip() for name in self.targets.split(",") if name.strip())
 
 

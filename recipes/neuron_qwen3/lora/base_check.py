@@ -8,7 +8,7 @@ import os
 
 from torch.distributed.checkpoint.stateful import Stateful
 
-from neuron_qwen3.lora.adapters import LoRAError
+from neuron_qwen3.lora.targets import LoRAError
 
 BASE_STATE = "lora_base"  # the checkpoint entry holding the base's fingerprint
 SAMPLE = 1 << 20  # bytes read at each end of each weight file for the base's fingerprint

@@ -28,7 +28,8 @@ from torchtitan.tools.logging import logger
 
 from neuron_qwen3.hf import shards, weights, write
 from neuron_qwen3.lora import adapters
-from neuron_qwen3.lora.adapters import LoRAError, Site
+from neuron_qwen3.lora.adapters import Site
+from neuron_qwen3.lora.targets import LoRAError
 from neuron_qwen3.lora.base_check import BASE_STATE, BaseCheck
 from neuron_qwen3.settings import Lora
 

@@ -8,7 +8,8 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
-from neuron_qwen3.lora.adapters import family_of, freeze_base, insert
+from neuron_qwen3.lora.adapters import freeze_base, insert
+from neuron_qwen3.lora.targets import family_of
 from neuron_qwen3.settings import Lora
 
 BYTES_FP32 = 4

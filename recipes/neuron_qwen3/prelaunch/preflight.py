@@ -256,12 +256,12 @@ def run(request: dict) -> dict:
     from neuron_qwen3 import data, settings
     from neuron_qwen3.finish import finish
     from neuron_qwen3.report import samples
-    from neuron_qwen3.lora import adapters, base_check, folders, footprint
+    from neuron_qwen3.lora import base_check, folders, footprint, targets
 
     try:
         tuned = folders.settings(config)  # INIT_FROM naming a PEFT adapter: its settings
-        problems = adapters.problems(config, tuned) if tuned else []
-    except adapters.LoRAError as error:
+        problems = targets.problems(config, tuned) if tuned else []
+    except targets.LoRAError as error:
         problems = [str(error)]
     if not problems:  # a mix's form first; the template before EPOCHS' plan tokenizes the data with it
         problems = rendered(config)
