@@ -125,7 +125,7 @@ class Sampler:
         self.generator = Generator(trainer.model_parts[0], self.plan, stop_ids(self.tokenizer))
         for phase, shape in self.plan.shapes():
             logger.info(f"samples: the generator's {phase} shape {list(shape)}")
-        self.writer = dist.get_rank() == 0 if dist.is_initialized() else True
+        self.writer = writes()
         self.folder = Path(config.dump_folder) / FOLDER
         self.seconds, self.last = 0.0, None
         self.tensorboard = None
@@ -194,6 +194,11 @@ class Sampler:
             "forwards": [[phase, list(shape), n] for (phase, shape), n in sorted(self.generator.forwards.items())],
             "seconds": round(self.seconds, 3),
         }
+
+
+def writes() -> bool:
+    """Whether this process writes the samples files: rank 0, or a run without a process group."""
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def restart_rows(folder: Path, step: int) -> None:

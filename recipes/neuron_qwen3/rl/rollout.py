@@ -210,10 +210,10 @@ class Rollout:
         """Sums over the logging interval: each reward's and the total's (sum, sum of squares, count), the
         completions' lengths, the truncated ones, the groups of zero reward std, the seconds generating and
         scoring."""
-        lengths = torch.tensor([len(a.tokens) for a in answers], dtype=torch.float64)
+        lengths = [len(a.tokens) for a in answers]
         g = self.config.generations
         found = reward_sums(per_function, total) + [
-            lengths.sum(),
+            sum(lengths),
             float(len(answers)),
             float(sum(a.stop == "length" for a in answers)),
             float(zero_std.view(-1, g)[:, 0].sum()),
@@ -221,9 +221,9 @@ class Rollout:
             generating,
             scoring,
         ]
-        step = torch.tensor([float(v) for v in found], dtype=torch.float64)
-        self.sums = step if self.sums is None else self.sums + step
-        self.longest = max(self.longest, float(lengths.max()))
+        step = [float(v) for v in found]
+        self.sums = step if self.sums is None else [a + b for a, b in zip(self.sums, step, strict=True)]
+        self.longest = max(self.longest, float(max(lengths)))
 
     def interval(self) -> dict:
         """The interval's means over every rank (a collective): rewards (each function's and the total's mean and
@@ -235,8 +235,8 @@ class Rollout:
         sums, longest, self.sums, self.longest = self.sums, self.longest, None, 0.0
         elapsed, self.since = now - self.since, now
         model = self.trainer.model_parts[0]
-        values = reduced(sums.tolist(), self.group, model)
-        slowest = [longest, *sums[-2:].tolist()]  # the longest completion, the slowest rank's seconds
+        values = reduced(sums, self.group, model)
+        slowest = [longest, *sums[-2:]]  # the longest completion, the slowest rank's seconds
         longest, *seconds = reduced(slowest, self.group, model, dist.ReduceOp.MAX)
         found = reward_stats(self.rewards.names, values, "grpo/")
         lengths, completions, truncated, flat, groups = values[3 * (len(self.rewards.names) + 1) : -2]

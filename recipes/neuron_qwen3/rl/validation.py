@@ -44,7 +44,7 @@ class HeldOutPrompts:
         self.total = len(whole)
         self.batch = whole[rank::world]
         self.asked = [rollout.prompt_ids(origin, record) for origin, record in self.batch]  # too long: one line now
-        self.writer = not dist.is_initialized() or dist.get_rank() == 0
+        self.writer = samples.writes()
         self.folder = Path(config.dump_folder) / samples.FOLDER
 
     def begin(self, step: int) -> None:
