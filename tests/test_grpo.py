@@ -228,6 +228,30 @@ def test_a_resumed_run_draws_the_same_completions(done):
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-6, abs=1e-9)
 
 
+def sample_rows(tmp, name) -> list:
+    return [json.loads(line) for line in (tmp / name / "report" / "samples.jsonl").read_text().splitlines()]
+
+
+def test_each_logged_step_shows_a_group_of_training_completions_with_their_rewards(done):
+    """At each logged step samples.jsonl (and samples.md) gets the step's first prompt with its 8 sampled
+    completions and what the reward gave each; a resumed run writes the same ones as the run that never stopped."""
+    data = str(done["tmp"] / "data" / "parity.jsonl")
+    rows = [row for row in sample_rows(done["tmp"], "learn") if row["prompt"].startswith(data)]
+    assert [r["step"] for r in rows] == [step for step in range(1, 17) for _ in range(8)]
+    for step in range(1, 17):
+        group = rows[8 * (step - 1) : 8 * step]
+        assert len({(r["prompt"], r["text"]) for r in group}) == 1, group  # one prompt, its 8 completions
+        for row in group:
+            said = row["answer"].split("</think>")[-1].strip()
+            assert row["rewards"] == {"parity_rewards:yes": float(said == "Yes."), "total": float(said == "Yes.")}
+            assert 0 < len(row["tokens"]) <= 8 and row["stop"] in ("end", "length"), row
+    shown = (done["tmp"] / "learn" / "report" / "samples.md").read_text()
+    assert f"## {rows[-1]['prompt']}" in shown
+    whole, resumed = sample_rows(done["tmp"], "whole"), sample_rows(done["tmp"], "resume")
+    assert [r["step"] for r in whole] == [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4  # GRPO_GENERATIONS=4
+    assert resumed == whole[8:]
+
+
 def validations(tmp, name) -> list:
     return [r for r in records(tmp, name) if "validation_loss" in r]
 
@@ -260,7 +284,8 @@ def test_grpo_validation_is_the_held_out_prompts_mean_reward(done):
         assert 0 < v["grpo"]["completions/mean_length"] <= 8
     summary = json.loads((done["tmp"] / "learn" / "report" / "summary.json").read_text())["validation"]
     assert summary["best_loss"] == min(v["validation_loss"] for v in held)
-    rows = [json.loads(line) for line in (done["tmp"] / "learn" / "report" / "samples.jsonl").read_text().splitlines()]
+    held_out = str(done["tmp"] / "data" / "held_out.jsonl")
+    rows = [row for row in sample_rows(done["tmp"], "learn") if row["prompt"].startswith(held_out)]
     assert [r["step"] for r in rows] == [1] * 4 + [8] * 4 + [16] * 4
     for row in rows:
         said = row["answer"].split("</think>")[-1].strip()

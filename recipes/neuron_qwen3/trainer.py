@@ -294,8 +294,8 @@ class RunHooks(Trainer):
             self.first_step = self.step  # the loaded step: the loop has not begun
             if self.sampler:
                 self.sampler.begin(self.step)  # step 0's answers, or a resumed run's samples go on
-            elif self.held_out_grpo is not None:
-                self.held_out_grpo.begin(self.step)  # its completions go to the samples too
+            elif self.rollout is not None:
+                self.rollout.begin(self.step)  # its completions and the held-out ones go to the samples too
         if not super().should_continue_training():
             return False
         signum = self.stop_watch.agreed()

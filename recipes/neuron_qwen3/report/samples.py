@@ -172,9 +172,7 @@ class Sampler:
             }
             for p, (tokens, stop) in zip(self.prompts, answers)
         ]
-        with (self.folder / "samples.jsonl").open("a") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
-        write_markdown(rows_of(self.folder / "samples.jsonl"), self.folder / "samples.md")
+        append_rows(self.folder, rows)
         if self.tensorboard is not None:
             for k, row in enumerate(rows):
                 self.tensorboard.add_text(f"samples/{k}", f"**{row['text']}**\n\n{row['answer']}", step)
@@ -208,6 +206,13 @@ def restart_rows(folder: Path, step: int) -> None:
     path = folder / "samples.jsonl"
     kept = [row for row in rows_of(path) if row["step"] <= step] if step else []
     path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+
+
+def append_rows(folder: Path, rows: list) -> None:
+    """`rows` added to samples.jsonl, and samples.md written again from all of it."""
+    with (folder / "samples.jsonl").open("a") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    write_markdown(rows_of(folder / "samples.jsonl"), folder / "samples.md")
 
 
 def rows_of(path: Path) -> list:

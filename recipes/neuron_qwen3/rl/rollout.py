@@ -10,6 +10,7 @@ are the whole generation's, so a group may span micro-batches. The sampler draws
 """
 
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -94,6 +95,13 @@ class Rollout:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.buffer, self.left = [], 0
         self.sums, self.longest, self.since = None, 0.0, time.perf_counter()
+        self.writer, self.folder = samples.writes(), Path(config.dump_folder) / samples.FOLDER
+        self.shown = []  # the last generation's first group with its rewards, for samples.md at the next log
+
+    def begin(self, step: int) -> None:
+        """At the loaded step, when no sampler restarts samples.jsonl (report/samples.py)."""
+        if self.writer:
+            samples.restart_rows(self.folder, step)
 
     @property
     def pad_id(self) -> int:
@@ -158,6 +166,16 @@ class Rollout:
         everyone = self._gathered(total) if self.config.scale_rewards == "batch" else None
         found, zero_std = advantages(total, g, self.config.scale_rewards, everyone)
         self._count(per_function, total, answers, zero_std, generating, sum(seconds.values()))
+        if self.writer:
+            self.shown = scored_rows(
+                self.trainer.step,
+                [batch[0]] * g,
+                answers[:g],
+                per_function,
+                total,
+                self.rewards.names,
+                self.tokenizer.decode,
+            )
         rows = [self._row(asked[k // g][0], a) for k, a in enumerate(answers)]
         return [
             self._micro_batch(rows[i : i + self.batch], found[i : i + self.batch])
@@ -229,6 +247,9 @@ class Rollout:
         """The interval's means over every rank (a collective): rewards (each function's and the total's mean and
         std), completion lengths, the truncated share, the share of groups whose rewards are all equal, and how the
         interval's seconds divide between generating, scoring and the rest, training (the slowest rank's)."""
+        if self.writer and self.shown:
+            samples.append_rows(self.folder, self.shown)
+            self.shown = []
         if self.sums is None:
             return {}
         now = time.perf_counter()
@@ -262,6 +283,28 @@ def reward_sums(per_function: torch.Tensor, total: torch.Tensor) -> list:
         kept = column[~column.isnan()]
         found += [float(kept.sum()), float((kept**2).sum()), float(kept.numel())]
     return found
+
+
+def scored_rows(step: int, asked: list, answers: list, per_function, total, names: list, decode) -> list:
+    """samples.jsonl rows (report/samples.py) of `answers` with each reward and the total; `asked`: the (origin,
+    record) each answer is to. A reward no function gave is null."""
+    rows = []
+    for k, (answer, (origin, record)) in enumerate(zip(answers, asked, strict=True)):
+        shown = {name: float(per_function[k, j]) for j, name in enumerate(names)} | {"total": float(total[k])}
+        prompt = record["prompt"]
+        rows.append(
+            {
+                "step": step,
+                "prompt": origin,
+                "text": prompt if isinstance(prompt, str) else prompt[-1]["content"],
+                "enable_thinking": record.get("enable_thinking"),
+                "answer": decode(answer.tokens, skip_special_tokens=True),
+                "tokens": answer.tokens,
+                "stop": answer.stop,
+                "rewards": {name: None if value != value else value for name, value in shown.items()},
+            }
+        )
+    return rows
 
 
 def reward_stats(names: list, values: list, prefix: str) -> dict:

@@ -7,10 +7,8 @@ the completions' mean length and truncated share go beside it, and the first few
 to samples.md. Each rank answers every world-th prompt; the generator agrees on the number of waves.
 """
 
-import json
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from neuron_qwen3.data import records
@@ -18,7 +16,7 @@ from neuron_qwen3.data.loader import table_reader, validation_records
 from neuron_qwen3.data.records import DataError
 from neuron_qwen3.generate.sampling import Sampling
 from neuron_qwen3.report import samples
-from neuron_qwen3.rl.rollout import reduced, reward_stats, reward_sums
+from neuron_qwen3.rl.rollout import reduced, reward_stats, reward_sums, scored_rows
 
 SHOWN = 4  # held-out completions written to samples.md at each validation
 
@@ -47,11 +45,6 @@ class HeldOutPrompts:
         self.writer = samples.writes()
         self.folder = Path(config.dump_folder) / samples.FOLDER
 
-    def begin(self, step: int) -> None:
-        """At the loaded step, when no sampler restarts samples.jsonl (report/samples.py)."""
-        if self.writer:
-            samples.restart_rows(self.folder, step)
-
     def validate(self, step: int) -> tuple[float, dict]:
         rollout, model = self.rollout, self.trainer.model_parts[0]
         model.eval()
@@ -67,7 +60,10 @@ class HeldOutPrompts:
             truncated = sum(a.stop == "length" for a in answers)
             figures = reward_sums(per_function, total) + [sum(len(a.tokens) for a in answers), truncated, len(answers)]
             if self.writer:
-                self._write(step, answers[:SHOWN], per_function, total)
+                shown = answers[:SHOWN]
+                asked = self.batch[: len(shown)]
+                rows = scored_rows(step, asked, shown, per_function, total, names, rollout.tokenizer.decode)
+                samples.append_rows(self.folder, rows)
         values = reduced(figures, rollout.group, model)
         found = reward_stats(names, values, "validation_metrics/grpo/")
         lengths, truncated, completions = values[-3:]
@@ -75,30 +71,3 @@ class HeldOutPrompts:
         found["validation_metrics/grpo/completions/truncated_share"] = truncated / completions
         reward = found.get("validation_metrics/grpo/reward/mean", float("nan"))
         return -reward, found
-
-    def _write(self, step: int, answers: list, per_function: torch.Tensor, total: torch.Tensor) -> None:
-        """The first held-out completions with their rewards, in samples.jsonl and samples.md (report/samples.py)."""
-        names, decode = self.rollout.rewards.names, self.rollout.tokenizer.decode
-        rows = []
-        for k, answer in enumerate(answers):
-            origin, record = self.batch[k]
-            shown = {name: _number(float(per_function[k, j])) for j, name in enumerate(names)}
-            rows.append(
-                {
-                    "step": step,
-                    "prompt": origin,
-                    "text": record["prompt"] if isinstance(record["prompt"], str) else record["prompt"][-1]["content"],
-                    "enable_thinking": record.get("enable_thinking"),
-                    "answer": decode(answer.tokens, skip_special_tokens=True),
-                    "tokens": answer.tokens,
-                    "stop": answer.stop,
-                    "rewards": {**shown, "total": _number(float(total[k]))},
-                }
-            )
-        with (self.folder / "samples.jsonl").open("a") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
-        samples.write_markdown(samples.rows_of(self.folder / "samples.jsonl"), self.folder / "samples.md")
-
-
-def _number(value: float) -> float | None:
-    return None if value != value else value  # a reward no function gave (NaN): null in JSON
