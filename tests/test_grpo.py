@@ -7,7 +7,8 @@ varies on an untrained model, so the advantages are not all 0)):
   native-lora: LORA_RANK=8, GRPO_BETA=0.04 (the reference: the base, adapters off), GRPO_ITERATIONS=2, 4 steps
   v5:          GRPO_LOSS=grpo, 2 steps
   nki_moe:     NPROC=2, GRPO_BETA=0.04 (INIT_FROM frozen), GRPO_SCALE_REWARDS=batch, GRPO_LOSS=dr_grpo, 2 steps
-  whole, resume: native, 4 steps, a checkpoint at step 2; resume runs steps 3 and 4 again from it
+  whole, resume: native, GRPO_ITERATIONS=2, 6 steps, a checkpoint at step 3, between the two steps on the
+               generation of step 3; resume runs steps 4 to 6 again from it
   sft, learn, control: a random smoke model first fine-tuned (SFT, 40 steps) to answer "Is N even?" with "Yes." or
                "No." at random; then GRPO, 16 steps of 4 prompts x 8 generations, LR 2e-3, rewarded for "Yes.":
                learn with the reward, control with each group's rewards shuffled (no signal, the same mean); both
@@ -94,7 +95,9 @@ def runs(tmp):
     (tmp / "data" / "parity.jsonl").write_text("".join(lines))
     (tmp / "data" / "parity_rewards.py").write_text(REWARDS)
     data = str(tmp / "data" / "parity.jsonl")
-    whole = dict(VARIANT="native", INIT_FROM=dense, DATASET=data, STEPS="4", CHECKPOINT_INTERVAL="2")
+    whole = dict(
+        VARIANT="native", INIT_FROM=dense, DATASET=data, STEPS="6", GRPO_ITERATIONS="2", CHECKPOINT_INTERVAL="3"
+    )
     launches = {
         "native-lora": dict(
             VARIANT="native", INIT_FROM=dense, DATASET=data, LORA_RANK="8", GRPO_BETA="0.04", GRPO_ITERATIONS="2"
@@ -148,7 +151,7 @@ def runs(tmp):
         shutil.copytree(
             tmp / "whole-checkpoint",
             tmp / "resume-checkpoint",
-            ignore=lambda folder, names: [name for name in names if name == "step-4"],
+            ignore=lambda folder, names: [name for name in names if name == "step-6"],
         )
         return first, launch(tmp, "resume", **whole, CHECKPOINT_DIR=str(tmp / "resume-checkpoint"))
 
@@ -184,10 +187,10 @@ def test_runs_finish(done, name):
 def test_the_sampler_and_the_learner_agree(done, name):
     """At the first optimizer step on a generation, the training forward's log-probability of every completion
     token equals the one the generator recorded when it drew it, within 1e-5 (float32): the ratio is 1, as
-    on-policy GRPO assumes. Every step generates (one iteration) but native-lora's odd steps."""
+    on-policy GRPO assumes. Every step generates (one iteration) but the odd steps of native-lora and whole (two)."""
     steps = records(done["tmp"], name)
     generated = [r for r in steps if "reward/mean" in r["grpo"]]
-    assert [r["step"] for r in generated] == [r["step"] for r in steps][:: 2 if name == "native-lora" else 1]
+    assert [r["step"] for r in generated] == [r["step"] for r in steps][:: 2 if name in ("native-lora", "whole") else 1]
     for r in generated:
         assert 0 <= r["grpo"]["sampling/logp_difference/max"] < 1e-5, r
 
@@ -218,13 +221,18 @@ def test_the_report_holds_rewards_lengths_timings_and_kl_with_beta(done):
 
 
 def test_a_resumed_run_draws_the_same_completions(done):
-    """Steps 3 and 4 after a resume from step 2's checkpoint: the same prompts, the same draws, the same rewards,
-    lengths and losses as the run that never stopped."""
+    """Steps 4 to 6 after a resume from step 3's checkpoint: step 4 trains on step 3's generation (two iterations;
+    the checkpoint holds it), step 5 draws anew, and the prompts, draws, rewards, lengths and losses are the run's
+    that never stopped."""
     whole, resumed = records(done["tmp"], "whole"), records(done["tmp"], "resume")
-    assert [r["step"] for r in resumed] == [3, 4]
-    for ours, theirs in zip(resumed, whole[2:]):
+    assert [r["step"] for r in resumed] == [4, 5, 6]
+    for ours, theirs in zip(resumed, whole[3:]):
+        assert ("reward/mean" in ours["grpo"]) == ("reward/mean" in theirs["grpo"]) == (ours["step"] == 5)
         for key in ("reward/mean", "rewards/parity_rewards:odd_start/mean", "completions/mean_length"):
-            assert ours["grpo"][key] == theirs["grpo"][key], key
+            assert ours["grpo"].get(key) == theirs["grpo"].get(key), key
+        assert ours["grpo"]["sampling/logp_difference/mean"] == pytest.approx(
+            theirs["grpo"]["sampling/logp_difference/mean"], rel=1e-6, abs=1e-9
+        )
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-6, abs=1e-9)
 
 
@@ -248,7 +256,7 @@ def test_each_logged_step_shows_a_group_of_training_completions_with_their_rewar
     shown = (done["tmp"] / "learn" / "report" / "samples.md").read_text()
     assert f"## {rows[-1]['prompt']}" in shown
     whole, resumed = sample_rows(done["tmp"], "whole"), sample_rows(done["tmp"], "resume")
-    assert [r["step"] for r in whole] == [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4  # GRPO_GENERATIONS=4
+    assert [r["step"] for r in whole] == [1] * 4 + [3] * 4 + [5] * 4  # GRPO_GENERATIONS=4, two iterations
     assert resumed == whole[8:]
 
 

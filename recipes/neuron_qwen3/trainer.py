@@ -306,6 +306,18 @@ class RunHooks(Trainer):
             raise SystemExit(128 + signum)
         return True
 
+    def state_dict(self) -> dict:
+        """torchtitan's train state, and under METHOD=grpo this rank's generation still being trained on."""
+        state = super().state_dict()
+        if getattr(self, "rollout", None) is not None:
+            state.update(self.rollout.state_dict())
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        if getattr(self, "rollout", None) is not None:
+            self.rollout.load_state_dict(state_dict)
+
     def close(self) -> None:
         if not getattr(self, "closed", False):
             self.closed = True

@@ -9,6 +9,7 @@ are the whole generation's, so a group may span micro-batches. The sampler draws
 (GRPO_SEED, rank, step): a resumed run draws the same completions with no saved state.
 """
 
+import pickle
 import time
 from pathlib import Path
 
@@ -102,6 +103,15 @@ class Rollout:
         """At the loaded step, when no sampler restarts samples.jsonl (report/samples.py)."""
         if self.writer:
             samples.restart_rows(self.folder, step)
+
+    def state_dict(self) -> dict:
+        """For the checkpoint (the trainer's train state): the steps left on the last generation and its micro-batches,
+        under a key of this rank's own, as torchtitan keeps each rank's data-loader position. With
+        GRPO_ITERATIONS above 1 a run resumed between two generations trains on the one it was trained on."""
+        return {f"grpo_generation_rank_{self.rank}": pickle.dumps((self.left, self.buffer))}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.left, self.buffer = pickle.loads(state_dict[f"grpo_generation_rank_{self.rank}"])
 
     @property
     def pad_id(self) -> int:
