@@ -7,8 +7,8 @@ varies on an untrained model, so the advantages are not all 0)):
   native-lora: LORA_RANK=8, GRPO_BETA=0.04 (the reference: the base, adapters off), GRPO_ITERATIONS=2, 4 steps
   v5:          GRPO_LOSS=grpo, 2 steps
   nki_moe:     NPROC=2, GRPO_BETA=0.04 (INIT_FROM frozen), GRPO_SCALE_REWARDS=batch, GRPO_LOSS=dr_grpo, 2 steps
-  whole, resume: native, GRPO_ITERATIONS=2, 6 steps, a checkpoint at step 3, between the two steps on the
-               generation of step 3; resume runs steps 4 to 6 again from it
+  whole, resume: native, NPROC=2, GRPO_ITERATIONS=2, 6 steps, a checkpoint at step 3, between the two steps on
+               the generation of step 3 (each rank's own); resume runs steps 4 to 6 again from it
   sft, learn, control: a random smoke model first fine-tuned (SFT, 40 steps) to answer "Is N even?" with "Yes." or
                "No." at random; then GRPO, 16 steps of 4 prompts x 8 generations, LR 2e-3, rewarded for "Yes.":
                learn with the reward, control with each group's rewards shuffled (no signal, the same mean); both
@@ -96,7 +96,13 @@ def runs(tmp):
     (tmp / "data" / "parity_rewards.py").write_text(REWARDS)
     data = str(tmp / "data" / "parity.jsonl")
     whole = dict(
-        VARIANT="native", INIT_FROM=dense, DATASET=data, STEPS="6", GRPO_ITERATIONS="2", CHECKPOINT_INTERVAL="3"
+        VARIANT="native",
+        NPROC="2",
+        INIT_FROM=dense,
+        DATASET=data,
+        STEPS="6",
+        GRPO_ITERATIONS="2",
+        CHECKPOINT_INTERVAL="3",
     )
     launches = {
         "native-lora": dict(
