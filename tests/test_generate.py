@@ -6,12 +6,14 @@ transformers made and saved (test_finetune_variants' helpers), in float32. Greed
 with early stops; the generator must run only the shapes its plan announced; the log-probability it records for
 each sampled token must be the training forward's on the finished sequence. Two FSDP ranks with prompts of their
 own run as a torchrun scenario (scenarios/generate_ranks.py); the 2-rank runs through the launcher are
-test_samples.py's.
+test_samples.py's. The offline command's answers, and what it refuses: a checkpoint (two launcher runs: one that
+saves it, one that exports it the way the refusal says) and a PEFT adapter folder.
 Run: .venv/bin/python -m pytest tests/test_generate.py -q
 """
 
 import functools
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +21,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, run_scenario, worker_env
+from conftest import ANSI, REPO, folder_tensors, run_scenario, worker_env
 from test_finetune_variants import moe_config, save_dense, save_moe, tensors
 
 from neuron_qwen3.generate.engine import Generator
@@ -235,3 +237,52 @@ def test_the_offline_command_refuses_bad_input_in_one_line(tmp_path):
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "top_p=1.5" in result.stderr
+
+
+def launch(tmp_path, **env):
+    """The launcher at smoke scale (native, random init, 2 steps, offline, no samples), checkpoints in
+    tmp_path/checkpoint."""
+    env = worker_env(
+        SCALE="smoke",
+        STEPS="2",
+        CHECKPOINT_DIR=str(tmp_path / "checkpoint"),
+        CACHE_DIR=str(tmp_path / "cache"),
+        **env,
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return result
+
+
+def test_a_checkpoint_is_refused_in_one_line_that_says_how_to_export_it_and_that_way_exports_it(tmp_path, capsys):
+    """The offline command reads model folders: a checkpoint (a step folder or the folder of them) and a PEFT
+    adapter folder are one line each, exit 2. The way the checkpoint's line gives, the launcher run again with
+    STEPS at the checkpoint's step and EXPORT_DIR, trains no step and exports the checkpoint's weights: those the
+    run that saved it exported at its end."""
+    from neuron_qwen3.generate.__main__ import main
+
+    launch(tmp_path, OUTPUT_DIR=str(tmp_path / "run"), EXPORT_DIR=str(tmp_path / "at-the-end"))
+    again = launch(tmp_path, OUTPUT_DIR=str(tmp_path / "again"), EXPORT_DIR=str(tmp_path / "from-checkpoint"))
+    assert "checkpoints: resuming from step 2" in again.stdout + again.stderr
+    logs = ANSI.sub("", again.stdout + again.stderr)  # rank 0's log lines among the launcher's
+    assert "Training starts at step 3" in logs and not re.search(r"step:\s+\d", logs), logs  # no step trained
+    exported, trained = folder_tensors(tmp_path / "from-checkpoint"), folder_tensors(tmp_path / "at-the-end")
+    assert exported.keys() == trained.keys()
+    assert all(torch.equal(exported[key], trained[key]) for key in trained)
+
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    prompts = str(tmp_path / "prompts.jsonl")
+    expected = {
+        tmp_path / "checkpoint": "a training checkpoint (step-2), not a model folder: export it first by running "
+        "the launcher again with the run's settings, STEPS=2 and EXPORT_DIR",
+        tmp_path / "checkpoint" / "step-2": "a training checkpoint (step-2)",
+        tmp_path / "adapter": "a PEFT adapter folder, not a model folder: export the run with EXPORT_MERGED=1",
+    }
+    for folder, says in expected.items():
+        assert main([str(folder), prompts, "--out", str(tmp_path / "answers.jsonl")]) == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"neuron_qwen3.generate: {folder}: {says}"), lines
+    assert not (tmp_path / "answers.jsonl").exists()

@@ -5,8 +5,9 @@ For looking at a run's result and for evaluation scripts. PROMPTS is in SAMPLE_P
 `messages` or `conversations`, or a `prompt`; `enable_thinking` per record). Each line of the output is one
 prompt's answer: its origin (file:line), the prompt's last user text, the answer's text, its tokens, the
 log-probability of each token under the model, and why it stopped (`end` or `length`). The plan's shapes and the
-time go to stderr. One process, on CPU (float32) or the one GPU (the folder's dtype); a checkpoint folder is
-exported first (EXPORT_DIR), and a PEFT adapter folder merged first (EXPORT_MERGED=1).
+time go to stderr. One process, on CPU (float32) or the one GPU (the folder's dtype). A checkpoint is exported
+first (the launcher again, STEPS at its step, EXPORT_DIR) and a LoRA run with EXPORT_MERGED=1: each is refused in
+one line that says so.
 """
 
 import argparse
@@ -38,6 +39,21 @@ def arguments(argv):
     return parser.parse_args(argv)
 
 
+def not_a_model_folder(folder: Path) -> str:
+    """What `folder` is instead of a model folder, and how to get one from it."""
+    steps = sorted((int(p.name[5:]), p) for p in folder.glob("step-*") if p.name[5:].isdigit())
+    checkpoint = folder if (folder / ".metadata").is_file() else steps[-1][1] if steps else None
+    if checkpoint is not None:
+        step = checkpoint.name.removeprefix("step-")
+        return (
+            f"a training checkpoint ({checkpoint.name}), not a model folder: export it first by running the launcher "
+            f"again with the run's settings, STEPS={step} and EXPORT_DIR (it resumes there, trains no step, exports)"
+        )
+    if (folder / "adapter_config.json").is_file():
+        return "a PEFT adapter folder, not a model folder: export the run with EXPORT_MERGED=1 for a merged model"
+    return "no config.json: not an exported model folder"
+
+
 def main(argv=None) -> int:
     args = arguments(argv)
     try:
@@ -58,7 +74,7 @@ def answer(args) -> int:
         raise ValueError(f"--tokens {args.tokens} and --slots {args.slots} must be positive")
     folder = Path(args.model)
     if not (folder / "config.json").is_file():
-        raise DataError(f"{folder}: no config.json: not an exported model folder")
+        raise DataError(f"{folder}: {not_a_model_folder(folder)}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float32 if device == "cpu" else "auto"
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
