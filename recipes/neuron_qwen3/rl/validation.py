@@ -7,8 +7,6 @@ the completions' mean length and truncated share go beside it, and the first few
 to samples.md. Each rank answers every world-th prompt; the generator agrees on the number of waves.
 """
 
-from pathlib import Path
-
 import torch.distributed as dist
 
 from neuron_qwen3.data import records
@@ -42,8 +40,6 @@ class HeldOutPrompts:
         self.total = len(whole)
         self.batch = whole[rank::world]
         self.asked = [rollout.prompt_ids(origin, record) for origin, record in self.batch]  # too long: one line now
-        self.writer = samples.writes()
-        self.folder = Path(config.dump_folder) / samples.FOLDER
 
     def validate(self, step: int) -> tuple[float, dict]:
         rollout, model = self.rollout, self.trainer.model_parts[0]
@@ -59,11 +55,11 @@ class HeldOutPrompts:
             total = rollout.rewards.total(per_function)
             truncated = sum(a.stop == "length" for a in answers)
             figures = reward_sums(per_function, total) + [sum(len(a.tokens) for a in answers), truncated, len(answers)]
-            if self.writer:
+            if rollout.writer:  # the rollout's samples files: its training completions go there too
                 shown = answers[:SHOWN]
                 asked = self.batch[: len(shown)]
                 rows = scored_rows(step, asked, shown, per_function, total, names, rollout.tokenizer.decode)
-                samples.append_rows(self.folder, rows)
+                samples.append_rows(rollout.folder, rows)
         values = reduced(figures, rollout.group, model)
         found = reward_stats(names, values, "validation_metrics/grpo/")
         lengths, truncated, completions = values[-3:]
