@@ -1,6 +1,7 @@
-"""The generator under FSDP2, as samples and GRPO run it: each forward pass gathers every block's weights and frees
-them after (torchtitan's reshard-after-forward), once per decode step, against the same round with the weights
-gathered once for the whole round (FSDP2's `set_reshard_after_forward(False)`, then `reshard()` after).
+"""The generator under FSDP2 with each forward pass gathering every block's weights and freeing them after
+(torchtitan's reshard-after-forward), once per decode step, against the same round with the weights gathered once
+for the whole round (`Generator(gather_once=True)`, quirks/fsdp_round.py: what samples and GRPO do where the whole
+model fits).
 
     .venv/bin/python -m torch.distributed.run --nproc_per_node=1 -m bench.bench_fsdp_decode
     .venv/bin/python -m torch.distributed.run --nproc_per_node=2 -m bench.bench_fsdp_decode --scale smoke
@@ -18,7 +19,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import fully_shard
 
 
 def arguments():
@@ -57,30 +58,14 @@ def main():
     cpu_adapter.activate()
     dist.init_process_group("gloo")
     model, whole = sharded_model(args.scale)
-    generator = Generator(model, Plan(slots=args.slots, buckets=(32,), new_tokens=args.tokens), stops=set())
+    plan = Plan(slots=args.slots, buckets=(32,), new_tokens=args.tokens)
+    generators = {gathered: Generator(model, plan, stops=set(), gather_once=gathered) for gathered in (False, True)}
     prompts = [[5 + k, 6, 7, 8] for k in range(args.slots)]
-    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    # FSDP2's own record of each module's choice (the root keeps its weights after forward), put back after a
-    # gathered round: set_reshard_after_forward(True) would change the root's
-    states = {id(s): s for s in (m._get_fsdp_state() for m in sharded)}.values()
-    chosen = [
-        (s, s._auto_reshard_after_forward, [g.post_forward_mesh_info for g in s._fsdp_param_groups]) for s in states
-    ]
 
     def round_(gathered: bool):
-        if gathered:
-            model.set_reshard_after_forward(False)
         began = time.perf_counter()
-        tokens = [a.tokens for a in generator.generate(prompts, Sampling())]
-        seconds = time.perf_counter() - began
-        if gathered:
-            for module in sharded:
-                module.reshard()
-            for state, auto, infos in chosen:
-                state._auto_reshard_after_forward = auto
-                for group, info in zip(state._fsdp_param_groups, infos):
-                    group.post_forward_mesh_info = info
-        return seconds, tokens
+        tokens = [a.tokens for a in generators[gathered].generate(prompts, Sampling())]
+        return time.perf_counter() - began, tokens
 
     _, expected = round_(False)  # warm-up, both sides
     round_(True)

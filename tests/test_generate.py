@@ -165,7 +165,9 @@ def test_ranks_answering_different_prompts_each_get_transformers_answers(tmp_pat
     """Two ranks under FSDP answer prompts of their own, as GRPO's ranks and its held-out validation do: rank 0
     three waves and rank 1 one, whose answer stops early; then rank 0 one prompt and rank 1 none. Every forward
     gathers the weights from both ranks, so a rank that ran fewer would hang its peer: each answer must still be
-    transformers' greedy one."""
+    transformers' greedy one, with the weights gathered at every forward pass and gathered once a round. Gathered
+    once, a round all-gathers each unit once; after it every weight is sharded again and each unit frees its
+    weights after a forward pass as torchtitan chose (the blocks do, the root does not)."""
     reference = save_dense(tmp_path / "model").eval()
     vocab = reference.config.vocab_size
     rounds = {"0": [prompts(vocab), prompts(vocab, seed=1)[:1]], "1": [prompts(vocab, seed=2)[1:2], []]}
@@ -180,10 +182,19 @@ def test_ranks_answering_different_prompts_each_get_transformers_answers(tmp_pat
     found = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in rounds}
     for rank, asked in rounds.items():
         expected = [[transformers_greedy(reference, ids, stops)[0] for ids in each] for each in asked]
-        assert found[rank]["answers"] == expected, rank
+        each, once, units, blocks = (found[rank][k] for k in ("each_forward", "once", "units", "blocks"))
+        assert each["answers"] == once["answers"] == expected, rank
+        assert units == blocks + 1  # the blocks and the root
+        assert once["gathers"] == units * len(asked), rank
+        # the root, resharded after the gathered rounds, is gathered once and kept
+        assert each["gathers"] == blocks * each["forwards"] + 1, rank
+        for way in (each, once):
+            assert way["blocks_sharded"] and way["choices_after"] == [False] + [True] * blocks, rank
+        assert once["all_sharded"] and not each["all_sharded"], rank  # the root's gathered weights kept, or freed
     # rank 1's answer stopped early while rank 0's ran on to the budget: rank 1 kept pace with masked slots
-    assert len(found["1"]["answers"][0][0]) < NEW_TOKENS and max(map(len, found["0"]["answers"][0])) == NEW_TOKENS
-    assert found["0"]["forwards"] == found["1"]["forwards"]
+    answers = {rank: found[rank]["once"]["answers"] for rank in rounds}
+    assert len(answers["1"][0][0]) < NEW_TOKENS and max(map(len, answers["0"][0])) == NEW_TOKENS
+    assert found["0"]["once"]["forwards"] == found["1"]["once"]["forwards"] == found["0"]["each_forward"]["forwards"]
 
 
 def test_the_offline_command_answers_a_prompts_file_as_transformers_does(tmp_path):

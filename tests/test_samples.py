@@ -152,13 +152,33 @@ def test_a_kv_cache_over_its_share_of_a_neuron_rank_is_refused_in_one_line(tmp_p
     config = config_registry.native_qwen3_smoke()
     config.samples.prompts = write(tmp_path / "prompts.jsonl", PROMPTS)
     config.device = "neuron"
-    (line,) = samples.before_launch(config)  # the bundled smoke model's cache is well within 10 % of 24 GiB
+    line, gathering = samples.before_launch(config)  # the bundled smoke model's cache is well within 10 % of 24 GiB
     assert "generator: 3 slots, prefill buckets" in line and "MiB" in line
+    assert gathering.startswith("samples: weights gathered once a round") and gathering.endswith("of 24 GiB")
     monkeypatch.setitem(shapes.NEURON_GIB_PER_CORE, config.neuron.logical_nc_config, 1e-4)
     with pytest.raises(DataError, match=r"^SAMPLE_PROMPTS: the generator's KV cache \(3 slots x \d+ positions\)"):
         samples.before_launch(config)
     config.device = "cpu"  # no device memory known: no bound
     assert samples.before_launch(config)
+
+
+def test_the_generator_keeps_the_weights_gathered_for_a_round_only_where_the_whole_model_fits():
+    """Beside the sharded training state (60 % of a rank), the whole model's weights in bfloat16 and the cache:
+    Qwen3-4B fits a trn2 core at LNC 2 (24 GiB) but not at LNC 1 (12 GiB); Qwen3-30B-A3B's 61 GB fits neither. On
+    CPU nothing is budgeted."""
+    from neuron_qwen3 import shapes
+    from neuron_qwen3.generate.plan import gathers_once
+
+    cache = 64 * 2**20
+
+    def gathers(flavor, memory):
+        return gathers_once(shapes.FLAVORS[flavor].parameters() * 2, cache, memory)
+
+    assert gathers("4B", shapes.NEURON_GIB_PER_CORE[2])[0]
+    assert not gathers("4B", shapes.NEURON_GIB_PER_CORE[1])[0]
+    fits, line = gathers("30B-A3B", shapes.NEURON_GIB_PER_CORE[2])
+    assert not fits and line.startswith("weights gathered at every forward pass: the whole model's weights (56.")
+    assert gathers("235B-A22B", None)[0]
 
 
 # ---- through the launcher ------------------------------------------------------------------------------------

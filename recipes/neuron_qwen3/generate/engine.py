@@ -3,11 +3,13 @@
 It runs the trainer's own model (torchtitan's Qwen3 for native and nki_moe, the transformers model for v5) under
 FSDP on every rank, with the weights the step just trained: no copy, no export. Prompts go in waves of `slots`;
 a wave is one prefill of its bucket and decode steps of one token per slot, a finished or empty slot masked, not
-removed. Every rank runs the same number of forward passes (FSDP gathers weights in each): the ranks agree on the
-number of waves first, and on "all finished" every `agree_every` decode steps, not every token.
+removed. Every rank runs the same number of forward passes (FSDP gathers weights in them): the ranks agree on the
+number of waves first, and on "all finished" every `agree_every` decode steps, not every token. Where the whole
+model's weights fit beside the training state, a round gathers each FSDP unit once and frees it at the round's end.
 """
 
 import collections
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -16,6 +18,7 @@ import torch.distributed as dist
 from neuron_qwen3.generate import cache as kv
 from neuron_qwen3.generate.plan import Plan
 from neuron_qwen3.generate.sampling import Sampling, draw
+from neuron_qwen3.quirks import fsdp_round
 
 
 @dataclass
@@ -39,8 +42,11 @@ def kind_of(model) -> str:
 class Generator:
     """`generate(prompts, sampling, rng)` answers lists of token ids; every rank calls it with its own prompts."""
 
-    def __init__(self, model, plan: Plan, stops: set, agree_every: int = 8, pad_id: int = 0):
+    def __init__(self, model, plan: Plan, stops: set, agree_every: int = 8, pad_id: int = 0, gather_once=False):
+        """`gather_once`: each FSDP unit's weights are gathered once a round, not at every forward pass
+        (quirks/fsdp_round.py); plan.gathers_once says whether they fit."""
         self.model, self.plan, self.stops, self.agree_every, self.pad_id = model, plan, set(stops), agree_every, pad_id
+        self.gather_once = gather_once
         self.kind = kind_of(model)
         self.cache = kv.KVCache(len(kv.layers_of(model)), plan.slots, plan.length)
         self.forwards = collections.Counter()  # (phase, input shape) -> forward passes
@@ -54,7 +60,8 @@ class Generator:
         waves = [prompts[i : i + self.plan.slots] for i in range(0, len(prompts), self.plan.slots)]
         count = self._agreed(len(waves), dist.ReduceOp.MAX)
         answers = []
-        with torch.no_grad(), kv.installed(self.model, self.cache):
+        gathered = fsdp_round.gathered(self.model) if self.gather_once else contextlib.nullcontext()
+        with torch.no_grad(), kv.installed(self.model, self.cache), gathered:
             for i in range(count):
                 answers += self._wave(waves[i] if i < len(waves) else [], sampling, rng)
         return answers

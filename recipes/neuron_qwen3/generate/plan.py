@@ -7,6 +7,8 @@ prompt is padded to the smallest bucket that holds it.
 
 from dataclasses import dataclass
 
+from neuron_qwen3.shapes import STATE_SHARE
+
 MOST_BUCKETS = 4
 SMALLEST_BUCKET = 16
 
@@ -46,3 +48,26 @@ def buckets_for(lengths: list[int], room: int, most: int = MOST_BUCKETS, smalles
     assert lengths and max(lengths) <= room, f"a prompt of {max(lengths)} tokens is over the room, {room}"
     sizes = sorted({min(room, max(smallest, 1 << (n - 1).bit_length())) for n in lengths})
     return tuple(sizes[-most:])
+
+
+def gathers_once(weight_bytes: int, cache_bytes: int, memory_gib: float | None) -> tuple[bool, str]:
+    """(whether, one line saying why) a round keeps each FSDP unit's weights gathered from its first forward pass
+    to the round's end (quirks/fsdp_round.py) instead of gathering them at every forward pass. It then holds the
+    whole model's weights on every rank: they and the KV cache must fit in what FSDP's sharded state leaves of a
+    rank's memory, which training fills with activations and generation does not. `memory_gib` None: not budgeted
+    (CPU's host memory)."""
+    need = (weight_bytes + cache_bytes) / 2**30
+    sizes = f"the whole model's weights ({size(weight_bytes)}) and the KV cache ({size(cache_bytes)})"
+    if memory_gib is None:
+        return True, f"weights gathered once a round: {sizes}"
+    room = (1 - STATE_SHARE) * memory_gib
+    if need <= room:
+        return True, f"weights gathered once a round: {sizes} within {1 - STATE_SHARE:.0%} of {memory_gib:g} GiB"
+    return False, (
+        f"weights gathered at every forward pass: {sizes} are over {1 - STATE_SHARE:.0%} of the {memory_gib:g} GiB "
+        "of a rank"
+    )
+
+
+def size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"

@@ -25,7 +25,7 @@ from neuron_qwen3.data.conversations import Problem
 from neuron_qwen3.data.records import DataError
 from neuron_qwen3.data.tokens import IM_END, Encoder, chat_template
 from neuron_qwen3.generate.engine import Generator
-from neuron_qwen3.generate.plan import Plan, buckets_for
+from neuron_qwen3.generate.plan import Plan, buckets_for, gathers_once
 from neuron_qwen3.generate.sampling import Sampling
 
 FOLDER = "report"
@@ -122,9 +122,11 @@ class Sampler:
         self.prompts = prompts_of(config, self.tokenizer)
         self.every = interval(config)
         self.plan = plan_of(config, self.prompts)
-        self.generator = Generator(trainer.model_parts[0], self.plan, stop_ids(self.tokenizer))
+        gather, why = gathering(config, self.plan, rank_memory_gib(config))
+        self.generator = Generator(trainer.model_parts[0], self.plan, stop_ids(self.tokenizer), gather_once=gather)
         for phase, shape in self.plan.shapes():
             logger.info(f"samples: the generator's {phase} shape {list(shape)}")
+        logger.info(f"samples: {why}")
         self.writer = writes()
         self.folder = Path(config.dump_folder) / FOLDER
         self.seconds, self.last = 0.0, None
@@ -267,6 +269,27 @@ def plan_of(config, prompts: list) -> Plan:
     )
 
 
+def itemsize_of(config) -> int:
+    """Bytes per value of the weights FSDP gathers and the KV cache holds: the mixed-precision parameter dtype."""
+    return torch.empty(0, dtype=getattr(torch, config.training.mixed_precision_param)).element_size()
+
+
+def rank_memory_gib(config) -> float | None:
+    """A rank's device memory, in a worker: a trn2 logical NeuronCore's, a CUDA device's own; None on CPU."""
+    if config.device == "neuron":
+        return shapes.NEURON_GIB_PER_CORE[config.neuron.logical_nc_config]
+    if config.device == "cuda":
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
+    return None
+
+
+def gathering(config, plan: Plan, memory_gib: float | None) -> tuple[bool, str]:
+    """Whether the generator keeps the weights gathered for a round (generate/plan.py), for the run's model."""
+    shape, itemsize = shapes.of_run(config), itemsize_of(config)
+    cache = plan.cache_bytes(shape.n_layers, shape.n_kv_heads, shape.head_dim, itemsize)
+    return gathers_once(shape.parameters() * itemsize, cache, memory_gib)
+
+
 def before_launch(config) -> list:
     """SAMPLE_PROMPTS read and rendered as the workers' sampler reads them, for the pre-launch pass: a bad record,
     or a prompt the window cannot answer in, raises DataError there. Returns the line that says when they are
@@ -278,12 +301,11 @@ def before_launch(config) -> list:
     found = prompts_of(config, tokenizer_of(config))
     every = f", every {interval(config)} steps" if interval(config) else ""
     plan = plan_of(config, found)
-    shape = shapes.of_run(config)
+    shape, lines = shapes.of_run(config), []
     if shape is None:  # v5 before its config.json is fetched: the cache's size is not known yet
         cache = f"{plan.length} positions"
     else:
-        itemsize = torch.empty(0, dtype=getattr(torch, config.training.mixed_precision_param)).element_size()
-        gib = plan.cache_bytes(shape.n_layers, shape.n_kv_heads, shape.head_dim, itemsize) / 2**30
+        gib = plan.cache_bytes(shape.n_layers, shape.n_kv_heads, shape.head_dim, itemsize_of(config)) / 2**30
         cache = f"{plan.length} positions, {gib * 1024:.1f} MiB"
         memory = shapes.NEURON_GIB_PER_CORE[config.neuron.logical_nc_config] if config.device == "neuron" else None
         if memory is not None and gib > GENERATOR_SHARE * memory:
@@ -292,8 +314,11 @@ def before_launch(config) -> list:
                 f"{gib:.2f} GiB, over {GENERATOR_SHARE:.0%} of the {memory} GiB of a rank: fewer or shorter prompts, "
                 "or a lower SAMPLE_TOKENS"
             )
+        if config.device != "cuda":  # a CUDA device's memory is read in the workers, where CUDA is up
+            lines.append(f"samples: {gathering(config, plan, memory)[1]}")
     return [
         f"samples: {len(found)} prompts answered (up to {settings.tokens} tokens) at step 0{every} and after "
         f"the last step; generator: {plan.slots} slots, prefill buckets {', '.join(map(str, plan.buckets))}, "
-        f"decode [{plan.slots}, 1], KV cache {cache}"
+        f"decode [{plan.slots}, 1], KV cache {cache}",
+        *lines,
     ]

@@ -87,11 +87,12 @@ class Rollout:
         self.encoder = Encoder(self.tokenizer)
         self.seq_len, self.batch = config.training.seq_len, config.training.local_batch_size
         self.plan = plan_of(config)
-        self.generator = Generator(
-            trainer.model_parts[0], self.plan, samples.stop_ids(self.tokenizer), pad_id=self.pad_id
-        )
+        gather, why = samples.gathering(config, self.plan, samples.rank_memory_gib(config))
+        stops = samples.stop_ids(self.tokenizer)
+        self.generator = Generator(trainer.model_parts[0], self.plan, stops, pad_id=self.pad_id, gather_once=gather)
         for phase, shape in self.plan.shapes():
             logger.info(f"grpo: the generator's {phase} shape {list(shape)}")
+        logger.info(f"grpo: {why}")
         self.sampling = Sampling(temperature=self.config.temperature, top_k=self.config.top_k, top_p=self.config.top_p)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.buffer, self.left = [], 0
