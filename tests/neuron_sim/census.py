@@ -47,10 +47,9 @@ def sim_environment(env: dict) -> dict:
     return dict(env, NEURON_SIM="1", PYTHONPATH=os.pathsep.join(path))
 
 
-def launch(variant: str, device: str, output: Path, init_from: Path, env: dict, census: bool = False):
-    """One of the launches (subprocess.CompletedProcess). By default a comparison run: the article's command, STEPS
-    steps at float32, the export in float32. With `census` (neuron only): census_run.py, 2 steps at the config's
-    own precision and export dtype, as a trn2 run would have them; its census is output/census.json."""
+def command(variant: str, device: str, output: Path, init_from: Path, env: dict, census: bool = False, extra=()):
+    """(command, environment) of one of the launches: see `launch`. `extra` flags go last, so they add to the run
+    or override its flags (tests/test_neuron_sim_methods.py: LoRA, DPO, EPOCHS, a stop and its resume)."""
     flags = [
         "--module",
         "neuron_qwen3",
@@ -70,14 +69,22 @@ def launch(variant: str, device: str, output: Path, init_from: Path, env: dict, 
     if census:
         assert device == "neuron", "the census is of the neuron device"
         flags += ["--training.steps=2"]
-        command = [*torchrun(2), str(SIM / "census_run.py"), str(output / "census.json"), *flags]
+        line = [*torchrun(2), str(SIM / "census_run.py"), str(output / "census.json"), *flags]
     else:
         flags += [f"--training.steps={STEPS}", "--training.mixed_precision_param=float32", "--export.dtype=float32"]
-        command = [*torchrun(2), "-m", "torchtitan.train", *flags]
+        line = [*torchrun(2), "-m", "torchtitan.train", *flags]
     if device == "neuron":
-        command += ["--neuron.attention_kernel=reference", "--neuron.moe_kernel=reference"]
+        line += ["--neuron.attention_kernel=reference", "--neuron.moe_kernel=reference"]
         env = sim_environment(env)
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
+    return [*line, *extra], env
+
+
+def launch(variant: str, device: str, output: Path, init_from: Path, env: dict, census: bool = False, extra=()):
+    """One of the launches (subprocess.CompletedProcess). By default a comparison run: the article's command, STEPS
+    steps at float32, the export in float32. With `census` (neuron only): census_run.py, 2 steps at the config's
+    own precision and export dtype, as a trn2 run would have them; its census is output/census.json."""
+    line, env = command(variant, device, output, init_from, env, census, extra)
+    return subprocess.run(line, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
 
 
 def _cells(records: dict, key: str, entry) -> list[str]:

@@ -297,9 +297,9 @@ def load_adapter(trainer, folder: str) -> None:
     with torch.no_grad():
         for key, param in params.items():
             value = full[key].to(device=param.device, dtype=param.dtype)
-            param.copy_(
-                distribute_tensor(value, param.device_mesh, param.placements) if isinstance(param, DTensor) else value
-            )
+            if isinstance(param, DTensor):  # every rank read it whole: no scatter from rank 0 (not in the census)
+                value = distribute_tensor(value, param.device_mesh, param.placements, src_data_rank=None)
+            param.copy_(value)
     logger.info(f"LoRA: continuing the adapter of {folder} ({len(params) // 2} adapters)")
 
 
