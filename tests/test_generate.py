@@ -113,7 +113,8 @@ def test_greedy_answers_are_transformers_generate(models):
 
 
 def test_only_the_announced_shapes_run(models):
-    """A hook on the model's forward records every input shape, over two rounds with other prompts."""
+    """A hook on the model's forward records every input shape, over two rounds with other prompts (on a
+    transformers model, its decoder's: the generator applies the lm_head itself)."""
     model, reference = models
     plan = Plan(slots=2, buckets=(16, 32, 64), new_tokens=NEW_TOKENS)
     generator = Generator(model, plan, stops=set())
@@ -122,7 +123,8 @@ def test_only_the_announced_shapes_run(models):
     def record(module, args, kwargs):
         seen.add(tuple((args[0] if args else kwargs["input_ids"]).shape))
 
-    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    decoder = model.model if generator.kind == "hf" else model
+    handle = decoder.register_forward_pre_hook(record, with_kwargs=True)
     try:
         generator.generate(prompts(reference.config.vocab_size, seed=1), Sampling())
         generator.generate(prompts(reference.config.vocab_size, seed=2)[:3], Sampling())

@@ -61,10 +61,24 @@ class Generator:
         count = self._agreed(len(waves), dist.ReduceOp.MAX)
         answers = []
         gathered = fsdp_round.gathered(self.model) if self.gather_once else contextlib.nullcontext()
-        with torch.no_grad(), kv.installed(self.model, self.cache), gathered:
+        with torch.no_grad(), kv.installed(self.model, self.cache), gathered, self._hidden_states():
             for i in range(count):
                 answers += self._wave(waves[i] if i < len(waves) else [], sampling, rng)
         return answers
+
+    @contextlib.contextmanager
+    def _hidden_states(self):
+        """torchtitan's models stop before the lm_head (its `_skip_lm_head`, as for its chunked loss): the logits
+        are made for the one position each row reads, not for every position of a prefill bucket, whose
+        [slots, bucket, vocab] a real vocabulary makes gigabytes."""
+        if self.kind == "hf":
+            yield
+            return
+        saved, self.model._skip_lm_head = self.model._skip_lm_head, True
+        try:
+            yield
+        finally:
+            self.model._skip_lm_head = saved
 
     def _wave(self, prompts: list, sampling: Sampling, rng) -> list[Completion]:
         slots = self.plan.slots
@@ -96,7 +110,8 @@ class Generator:
         return out
 
     def _forward(self, phase, tokens, positions, start, keys, read):
-        """Logits [slots, vocab] of the token at `read` in each row (the last one when None)."""
+        """Logits [slots, vocab] of the token at `read` in each row (the last one when None): the model's hidden
+        states, then its lm_head on those positions only."""
         self.forwards[(phase, tuple(tokens.shape))] += 1
         device = self.device
         self.cache.step = kv.Step(start.to(device), keys)
@@ -105,14 +120,13 @@ class Generator:
             # a mask of the backend's own would be a flex BlockMask (compiled): the cache's step is the mask
             hidden = self.model(tokens, positions=positions, attention_masks=self.cache.step, use_cache=False)
         elif self.kind == "hf":
-            hidden = self.model(input_ids=tokens, position_ids=positions, use_cache=False).logits
+            hidden = self.model.model(input_ids=tokens, position_ids=positions, use_cache=False).last_hidden_state
         else:
             hidden = self.model(tokens, positions=positions, attention_masks=None)
         self.cache.step = None
         rows = torch.arange(tokens.shape[0], device=device)
         hidden = hidden[rows, read.to(device)] if read is not None else hidden[:, -1]
-        # with torchtitan's chunked loss the model stops before its lm_head (the loss applies it)
-        return self.model.lm_head(hidden) if getattr(self.model, "_skip_lm_head", False) else hidden
+        return self.model.lm_head(hidden)
 
     def _agreed(self, value: int, op) -> int:
         if not (dist.is_initialized() and dist.get_world_size() > 1):
