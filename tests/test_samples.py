@@ -172,12 +172,14 @@ def test_the_generator_keeps_the_weights_gathered_for_a_round_only_where_the_who
     cache = 64 * 2**20
 
     def gathers(flavor, memory):
-        return gathers_once(shapes.FLAVORS[flavor].parameters() * 2, cache, memory)
+        shape = shapes.FLAVORS[flavor]
+        return gathers_once(shape.parameters() * 2, shape.layer_parameters() * 2, cache, memory)
 
     assert gathers("4B", shapes.NEURON_GIB_PER_CORE[2])[0]
     assert not gathers("4B", shapes.NEURON_GIB_PER_CORE[1])[0]
-    fits, line = gathers("30B-A3B", shapes.NEURON_GIB_PER_CORE[2])
-    assert not fits and line.startswith("weights gathered at every forward pass: the whole model's weights (56.")
+    fits, _, line = gathers("30B-A3B", shapes.NEURON_GIB_PER_CORE[2])
+    assert not fits and line.startswith("weights gathered at every forward pass: gathering them once a round")
+    assert "would take 59.25 GiB" in line
     assert gathers("235B-A22B", None)[0]
 
 

@@ -29,6 +29,11 @@ class Shape:
 
     def parameters(self, active: bool = False) -> int:
         """Parameters of the model; `active`: those one token uses (top_k of the experts)."""
+        embeddings = self.vocab_size * self.dim * (1 if self.tied else 2)
+        return self.n_layers * self.layer_parameters(active) + embeddings + self.dim  # + the final norm
+
+    def layer_parameters(self, active: bool = False) -> int:
+        """Parameters of one decoder block (FSDP's unit)."""
         q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         attention = 2 * self.dim * q + 2 * self.dim * kv + 2 * self.head_dim  # wq, wo, wk, wv + q/k norms
         if self.num_experts:
@@ -36,9 +41,7 @@ class Shape:
             mlp = experts * 3 * self.dim * self.hidden_dim + self.dim * self.num_experts  # + router
         else:
             mlp = 3 * self.dim * self.hidden_dim
-        layer = attention + mlp + 2 * self.dim  # + the two RMSNorms
-        embeddings = self.vocab_size * self.dim * (1 if self.tied else 2)
-        return self.n_layers * layer + embeddings + self.dim  # + the final norm
+        return attention + mlp + 2 * self.dim  # + the two RMSNorms
 
 
 # torchtitan.models.qwen3.model_registry(flavor) for each key.

@@ -41,6 +41,13 @@ class Plan:
     def cache_bytes(self, layers: int, kv_heads: int, head_dim: int, itemsize: int) -> int:
         return 2 * layers * self.slots * kv_heads * self.length * head_dim * itemsize
 
+    def prefill_bytes(self, heads: int, mlp_width: int, itemsize: int) -> int:
+        """A prefill of the largest bucket's peak beside the weights and the cache: the cache attention's float32
+        scores and probabilities, or the MLP's three intermediates (its gate, up and their product), whichever
+        is more."""
+        tokens = self.slots * self.buckets[-1]
+        return max(2 * tokens * heads * self.buckets[-1] * 4, 3 * tokens * mlp_width * itemsize)
+
 
 def buckets_for(lengths: list[int], room: int, most: int = MOST_BUCKETS, smallest: int = SMALLEST_BUCKET) -> tuple:
     """Up to `most` bucket sizes for prompts of `lengths` tokens: powers of two from `smallest`, the last one capped
@@ -50,22 +57,30 @@ def buckets_for(lengths: list[int], room: int, most: int = MOST_BUCKETS, smalles
     return tuple(sizes[-most:])
 
 
-def gathers_once(weight_bytes: int, cache_bytes: int, memory_gib: float | None) -> tuple[bool, str]:
-    """(whether, one line saying why) a round keeps each FSDP unit's weights gathered from its first forward pass
-    to the round's end (quirks/fsdp_round.py) instead of gathering them at every forward pass. It then holds the
-    whole model's weights on every rank: they and the KV cache must fit in what FSDP's sharded state leaves of a
-    rank's memory, which training fills with activations and generation does not. `memory_gib` None: not budgeted
-    (CPU's host memory)."""
-    need = (weight_bytes + cache_bytes) / 2**30
-    sizes = f"the whole model's weights ({size(weight_bytes)}) and the KV cache ({size(cache_bytes)})"
+def gathers_once(weight_bytes: int, block_bytes: int, working_bytes: int, memory_gib: float | None) -> tuple:
+    """(whether, the bytes it takes, one line saying why) a round keeps each FSDP unit's weights gathered from its
+    first forward pass to the round's end (quirks/fsdp_round.py) instead of gathering them at every forward pass.
+    It then holds the whole model's weights on every rank, and while a block is gathered FSDP's all-gather holds
+    about two more of it (measured on the simulated device: bench/RESULTS.md). That, the KV cache and a prefill's
+    activations (`working_bytes`) must fit in what FSDP's sharded state leaves of a rank's memory, which training
+    fills with activations and generation does not. `memory_gib` None: not budgeted (CPU's host memory)."""
+    need = weight_bytes + 2 * block_bytes + working_bytes
+    sizes = (
+        f"{size(need)} (the whole model's weights {size(weight_bytes)}, a block's all-gather "
+        f"{size(2 * block_bytes)}, the KV cache and a prefill {size(working_bytes)})"
+    )
     if memory_gib is None:
-        return True, f"weights gathered once a round: {sizes}"
+        return True, need, f"weights gathered once a round: {sizes}"
     room = (1 - STATE_SHARE) * memory_gib
-    if need <= room:
-        return True, f"weights gathered once a round: {sizes} within {1 - STATE_SHARE:.0%} of {memory_gib:g} GiB"
-    return False, (
-        f"weights gathered at every forward pass: {sizes} are over {1 - STATE_SHARE:.0%} of the {memory_gib:g} GiB "
-        "of a rank"
+    if need <= room * 2**30:
+        return True, need, f"weights gathered once a round: {sizes}, within {1 - STATE_SHARE:.0%} of {memory_gib:g} GiB"
+    return (
+        False,
+        need,
+        (
+            f"weights gathered at every forward pass: gathering them once a round would take {sizes}, over "
+            f"{1 - STATE_SHARE:.0%} of the {memory_gib:g} GiB of a rank"
+        ),
     )
 
 

@@ -122,7 +122,7 @@ class Sampler:
         self.prompts = prompts_of(config, self.tokenizer)
         self.every = interval(config)
         self.plan = plan_of(config, self.prompts)
-        gather, why = gathering(config, self.plan, rank_memory_gib(config))
+        gather, _, why = gathering(config, self.plan, rank_memory_gib(config))
         self.generator = Generator(trainer.model_parts[0], self.plan, stop_ids(self.tokenizer), gather_once=gather)
         for phase, shape in self.plan.shapes():
             logger.info(f"samples: the generator's {phase} shape {list(shape)}")
@@ -283,11 +283,14 @@ def rank_memory_gib(config) -> float | None:
     return None
 
 
-def gathering(config, plan: Plan, memory_gib: float | None) -> tuple[bool, str]:
-    """Whether the generator keeps the weights gathered for a round (generate/plan.py), for the run's model."""
+def gathering(config, plan: Plan, memory_gib: float | None) -> tuple:
+    """Whether the generator keeps the weights gathered for a round, the bytes that takes and the line saying so
+    (generate/plan.py), for the run's model."""
     shape, itemsize = shapes.of_run(config), itemsize_of(config)
-    cache = plan.cache_bytes(shape.n_layers, shape.n_kv_heads, shape.head_dim, itemsize)
-    return gathers_once(shape.parameters() * itemsize, cache, memory_gib)
+    working = plan.cache_bytes(shape.n_layers, shape.n_kv_heads, shape.head_dim, itemsize) + plan.prefill_bytes(
+        shape.n_heads, shape.hidden_dim * max(1, shape.top_k), itemsize
+    )
+    return gathers_once(shape.parameters() * itemsize, shape.layer_parameters() * itemsize, working, memory_gib)
 
 
 def before_launch(config) -> list:
@@ -315,7 +318,7 @@ def before_launch(config) -> list:
                 "or a lower SAMPLE_TOKENS"
             )
         if config.device != "cuda":  # a CUDA device's memory is read in the workers, where CUDA is up
-            lines.append(f"samples: {gathering(config, plan, memory)[1]}")
+            lines.append(f"samples: {gathering(config, plan, memory)[2]}")
     return [
         f"samples: {len(found)} prompts answered (up to {settings.tokens} tokens) at step 0{every} and after "
         f"the last step; generator: {plan.slots} slots, prefill buckets {', '.join(map(str, plan.buckets))}, "

@@ -87,7 +87,7 @@ class Rollout:
         self.encoder = Encoder(self.tokenizer)
         self.seq_len, self.batch = config.training.seq_len, config.training.local_batch_size
         self.plan = plan_of(config)
-        gather, why = samples.gathering(config, self.plan, samples.rank_memory_gib(config))
+        gather, _, why = samples.gathering(config, self.plan, samples.rank_memory_gib(config))
         stops = samples.stop_ids(self.tokenizer)
         self.generator = Generator(trainer.model_parts[0], self.plan, stops, pad_id=self.pad_id, gather_once=gather)
         for phase, shape in self.plan.shapes():
