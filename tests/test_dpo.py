@@ -5,8 +5,8 @@ Runs, two at a time (independent launches, mostly imports on one core):
                of the same 4 pairs), LR 1e-3 without warm-up or weight decay, float32
   nki_moe:     the same with Qwen3MoeForCausalLM folders, NPROC=2 (FSDP: the loss is the global batch's mean), and
                the same pairs as VALIDATION; nki_moe-precomputed: the same with DPO_PRECOMPUTE_REF=1
-  lora-off, lora-copy: LORA_RANK=8, 3 steps, the reference the base with the adapters off (the default) or a
-               frozen copy of INIT_FROM (DPO_REFERENCE=INIT_FROM); lora-precomputed: the first, DPO_PRECOMPUTE_REF=1
+  lora-off, lora-copy: LORA_RANK=8, 3 steps, float32, the reference the base with the adapters off (the default) or
+               a frozen copy of INIT_FROM (DPO_REFERENCE=INIT_FROM); lora-precomputed: the first, DPO_PRECOMPUTE_REF=1
   learn:       parity pairs ("Is 4 even?" chosen yes, rejected no; 0-9), 40 steps, LR 3e-3, VALIDATION on a held-out
                file,
                checkpoints every 20 steps, a float32 export
@@ -31,7 +31,8 @@ from qwen_size import SMOKE_TOKENIZER
 
 pytestmark = pytest.mark.training
 BETA, LR = 0.1, 1e-3
-AS_TRL = "--training.mixed_precision_param float32 --optimizer.param_groups.0.optimizer_kwargs.weight_decay 0"
+FLOAT32 = "--training.mixed_precision_param float32"
+AS_TRL = f"{FLOAT32} --optimizer.param_groups.0.optimizer_kwargs.weight_decay 0"
 PAIRS = [  # each fits the nki_moe smoke window (128) alone, two fit the dense one (256)
     (
         [{"role": "system", "content": "Answer with one word."}, {"role": "user", "content": "Say the word: apple"}],
@@ -125,6 +126,9 @@ def runs(tmp):
         STEPS="3",
         LR="1e-2",
         WARMUP_STEPS="0",
+        # float32: the precomputed reference is then the live one bit for bit; in bf16 it differed in its last digits,
+        # which the later steps grew to 1e-3 of the loss for some initial adapters (measured)
+        EXTRA_ARGS=FLOAT32,
     )
     learn = dict(
         VARIANT="native",

@@ -2,7 +2,8 @@
 
 Real launcher runs at smoke scale, shared by every test here, over random models that transformers made and saved:
   dense:    VARIANT=native, LORA_RANK=4 LORA_ALPHA=16, 8 steps, CHECKPOINT_DIR, EXPORT_MERGED=1 (float32)
-  moe:      VARIANT=nki_moe, NPROC=2 (FSDP), attention and both expert targets, 6 steps, CHECKPOINT_DIR, EXPORT_MERGED=1
+  moe:      VARIANT=nki_moe, NPROC=2 (FSDP), attention and both expert targets, 6 steps, CHECKPOINT_DIR (step 1 too),
+            EXPORT_MERGED=1
   v5:       VARIANT=v5, LORA_RANK=4, 6 steps, CHECKPOINT_DIR, the adapter folder alone
   continue: INIT_FROM = the dense run's adapter folder, learning rate 0, 2 steps
   other:    the dense run's CHECKPOINT_DIR resumed over another base of the same shape (PREFLIGHT=warn: the
@@ -28,6 +29,7 @@ from conftest import ANSI, REPO, STEP_LOSS, side_by_side_env
 
 pytestmark = pytest.mark.training
 ZERO_LR = "--tune.lr 0"  # the weights stay: a round trip
+FIRST_STEP = "--checkpoint.enable_first_step_checkpoint"  # A as drawn: B = 0 gives it no gradient in step 1
 LR = "8e-4"  # the smoke config's, not the full fine-tuning default (2e-5): the adapters move in 6-8 steps
 MOE_TARGETS = "q_proj,k_proj,v_proj,o_proj,experts.gate_up_proj,experts.down_proj"
 SETTINGS = {
@@ -152,6 +154,7 @@ def runs(tmp):
                 CHECKPOINT_DIR=f"{tmp}/moe-checkpoint",
                 EXPORT_DIR=f"{tmp}/moe",
                 EXPORT_MERGED="1",
+                EXTRA_ARGS=FIRST_STEP,
             )
         }
 
@@ -220,6 +223,35 @@ def trained_titan(done, name):
     result = model.load_state_dict({**base, **trained}, strict=False)
     assert not result.unexpected_keys and not [k for k in result.missing_keys if adapters.is_adapter_key(k)]
     return model
+
+
+def one_rank_adapters(name) -> dict:
+    """The adapters a 1-rank CPU run of `name` starts from: its smoke model built and initialised in process as the
+    trainer does (the smoke seed, wrap_parallelize's init; FSDP left out), {torchtitan key: A}."""
+    from types import SimpleNamespace
+
+    from torchtitan.config.override import apply_overrides
+
+    from neuron_qwen3 import config_registry
+    from neuron_qwen3.lora import adapters, targets
+    from neuron_qwen3.settings import Lora
+
+    config = moe_config("float32") if name == "moe" else getattr(config_registry, f"{VARIANT[name]}_qwen3_smoke")()
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    apply_overrides(config.override, config)
+    with torch.device("meta"):
+        model = model_config.build()
+    parallelize = adapters.wrap_parallelize(
+        lambda model, **_: model, Lora(**SETTINGS[name]), targets.family_of(model_config)
+    )
+    no_tp_ep_pp = SimpleNamespace(tp_enabled=False, ep_enabled=False, pp_enabled=False)
+    model = parallelize(model, parallel_dims=no_tp_ep_pp)
+    model.to_empty(device="cpu")
+    torch.manual_seed(config.debug.seed)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    return {key: value for key, value in model.state_dict().items() if key.endswith(".lora_A")}
 
 
 def titan_logits(model, tokens):
@@ -321,6 +353,25 @@ def test_checkpoints_hold_the_adapters_and_their_optimizer_only(done, name):
     optimizer = [key for key in state["optimizer"] if key.startswith("state.")]
     assert optimizer and all(key.removeprefix("state.").rsplit(".", 1)[0] in model for key in optimizer)
     assert state[base_check.BASE_STATE] == base_check.base_fingerprint(f"{done['tmp']}/{SOURCE[name]}")
+
+
+def test_the_adapters_start_as_on_one_rank(done):
+    """On 2 ranks (FSDP shards A by rows) the run starts from the very A a 1-rank run draws: CPU has no DTensor RNG
+    tracker, and a shard drawn per rank from the ranks' alike-seeded generators repeated the other rank's rows.
+    After step 1 A is still as drawn, but for the weight decay's factor: B = 0 gives it no gradient."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = f"{done['tmp']}/moe-step-1.pt"
+    dcp_to_torch_save(f"{done['tmp']}/moe-checkpoint/step-1", out)
+    first = {key: value for key, value in torch.load(out, weights_only=False).items() if key.endswith(".lora_A")}
+    drawn = one_rank_adapters("moe")
+    assert sorted(first) == sorted(drawn) and len(drawn) == 2 * 6
+    for key, a in first.items():
+        half = a.shape[0] // 2
+        assert not torch.equal(a[:half], a[half:]), f"{key}: the two ranks' rows are one draw"
+        factor = (a * drawn[key]).sum() / drawn[key].square().sum()
+        torch.testing.assert_close(a, factor * drawn[key], rtol=1e-6, atol=0, msg=key)
+        assert abs(factor - 1) < 1e-3
 
 
 def test_the_export_is_a_peft_adapter_folder(done):

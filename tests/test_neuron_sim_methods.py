@@ -10,10 +10,9 @@ by FSDP, the cache's reader, the save on SIGTERM and DCP's load of it) must give
 
   dpo:    `--preference.method=dpo` on parity pairs, 3 steps at lr 1e-3 (the fine-tuning default, 2e-5, would
           hardly move the adapters), LoRA continued from one PEFT adapter folder on both sides. Not a fresh
-          adapter: measured, a fresh one differs by path. The device draws A whole through DTensor's RNG tracker;
-          CPU has no tracker, so each rank draws its own shard from the same seeded host generator and A's two
-          halves come out equal. Step 1's grad norm then differs by 5 %, the losses from step 2 by 2e-5. The
-          folder's B is not zero, so step 1 already computes the adapters (the reference is the base).
+          adapter: the device draws A through DTensor's RNG tracker, CPU from a host generator (lora/adapters.py),
+          so the two start from different adapters. The folder's B is not zero, so step 1 already computes the
+          adapters (the reference is the base).
   epochs: `--dataloader.epochs=1` over chat records read through `--dataloader.cache_dir`. On CPU once through; on
           the device SIGTERM to torchrun after step 2, then the same command again, which resumes from the stop's
           checkpoint (the only one: the interval is beyond the run).
