@@ -195,24 +195,30 @@ def final_checkpoint(done, name) -> dict:
     return torch.load(out, weights_only=False)
 
 
-def trained_titan(done, name):
-    """The run's trained model: its variant's smoke model over the source weights, its adapters from the final
-    checkpoint (fp32, MoE experts in fp32)."""
+def meta_model(name) -> tuple:
+    """(config, model config, model on the meta device) of `name`'s smoke run, as its trainer builds them."""
     from torchtitan.config.override import apply_overrides
 
     from neuron_qwen3 import config_registry
+
+    config = moe_config("float32") if name == "moe" else getattr(config_registry, f"{VARIANT[name]}_qwen3_smoke")()
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    apply_overrides(config.override, config)
+    with torch.device("meta"):
+        return config, model_config, model_config.build()
+
+
+def trained_titan(done, name):
+    """The run's trained model: its variant's smoke model over the source weights, its adapters from the final
+    checkpoint (fp32, MoE experts in fp32)."""
     from neuron_qwen3.lora import adapters, targets
     from neuron_qwen3.quirks import hf_rope_fix
     from neuron_qwen3.settings import Lora
 
     if name == "v5":
         hf_rope_fix.apply()  # as the v5 trainer does before it builds the model
-    config = moe_config("float32") if name == "moe" else getattr(config_registry, f"{VARIANT[name]}_qwen3_smoke")()
-    model_config = config.model_spec.model
-    model_config.update_from_config(config=config)
-    apply_overrides(config.override, config)
-    with torch.device("meta"):
-        model = model_config.build()
+    config, model_config, model = meta_model(name)
     adapters.insert(model, Lora(**SETTINGS[name]), targets.family_of(model_config))
     model.to_empty(device="cpu")
     with torch.no_grad():
@@ -230,18 +236,10 @@ def one_rank_adapters(name) -> dict:
     trainer does (the smoke seed, wrap_parallelize's init; FSDP left out), {torchtitan key: A}."""
     from types import SimpleNamespace
 
-    from torchtitan.config.override import apply_overrides
-
-    from neuron_qwen3 import config_registry
     from neuron_qwen3.lora import adapters, targets
     from neuron_qwen3.settings import Lora
 
-    config = moe_config("float32") if name == "moe" else getattr(config_registry, f"{VARIANT[name]}_qwen3_smoke")()
-    model_config = config.model_spec.model
-    model_config.update_from_config(config=config)
-    apply_overrides(config.override, config)
-    with torch.device("meta"):
-        model = model_config.build()
+    config, model_config, model = meta_model(name)
     parallelize = adapters.wrap_parallelize(
         lambda model, **_: model, Lora(**SETTINGS[name]), targets.family_of(model_config)
     )
