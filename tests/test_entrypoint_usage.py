@@ -120,8 +120,9 @@ def test_check_runs_every_preflight_check_and_creates_nothing(tmp_path):
     work.mkdir()
     ok = entrypoint("--check", cwd=work, root=tmp_path, SCALE="smoke", CHECKPOINT_DIR="ckpt")
     assert ok.returncode == 0, ok.stderr
-    samples, checkpoints, dataset, verdict = ok.stdout.splitlines()
+    samples, gathering, checkpoints, dataset, verdict = ok.stdout.splitlines()
     assert samples.startswith("entrypoint: samples: 3 prompts answered")  # the smoke config's bundled prompts
+    assert gathering.startswith("entrypoint: samples: weights gathered once a round: ")  # CPU: not budgeted
     assert checkpoints == f"entrypoint: checkpoints: none complete in {work}/ckpt: starting at step 0"
     assert re.fullmatch(r"entrypoint: dataset: \d+ records in /\S+/assets/corpus\S*", dataset), dataset
     assert verdict == "entrypoint: check: the launch would start: native_qwen3_smoke on 1 CPU cores"
