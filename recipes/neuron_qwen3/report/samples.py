@@ -310,14 +310,14 @@ def before_launch(config) -> list:
     else:
         gib = plan.cache_bytes(shape.n_layers, shape.n_kv_heads, shape.head_dim, itemsize_of(config)) / 2**30
         cache = f"{plan.length} positions, {gib * 1024:.1f} MiB"
-        memory = shapes.NEURON_GIB_PER_CORE[config.neuron.logical_nc_config] if config.device == "neuron" else None
+        memory = None if config.device == "cuda" else rank_memory_gib(config)  # CUDA's is read in the workers
         if memory is not None and gib > GENERATOR_SHARE * memory:
             raise DataError(
                 f"SAMPLE_PROMPTS: the generator's KV cache ({plan.slots} slots x {plan.length} positions) takes "
                 f"{gib:.2f} GiB, over {GENERATOR_SHARE:.0%} of the {memory} GiB of a rank: fewer or shorter prompts, "
                 "or a lower SAMPLE_TOKENS"
             )
-        if config.device != "cuda":  # a CUDA device's memory is read in the workers, where CUDA is up
+        if config.device != "cuda":
             lines.append(f"samples: {gathering(config, plan, memory)[2]}")
     return [
         f"samples: {len(found)} prompts answered (up to {settings.tokens} tokens) at step 0{every} and after "
