@@ -2,14 +2,19 @@
 
 Every scenario runs twice in fresh interpreters, at once: without the adapter it must fail the way
 torchtitan 0.3.0 fails on CPU (if upstream fixes it, the test says the patch can go), and with
-the adapter it must work. Run: .venv/bin/python -m pytest tests/test_cpu_adapter.py
+the adapter it must work. WholeDraws is checked through the launcher: a 2-rank run's initial weights against a
+1-rank init. Run: .venv/bin/python -m pytest tests/test_cpu_adapter.py
 """
 
 import re
+import subprocess
+import sys
 
 import pytest
 
-from conftest import run_scenarios
+from conftest import REPO, run_scenarios, worker_env
+
+from entrypoint.variants import VARIANTS
 
 
 @pytest.mark.training
@@ -46,6 +51,61 @@ def test_fsdp_gradient_reduction_over_gloo():
     assert upstream.returncode != 0 and "PREMUL_SUM" in upstream.stdout + upstream.stderr
     assert patched.returncode == 0, patched.stderr[-2000:]
     assert "grad ok rank=0" in patched.stdout and "grad ok rank=1" in patched.stdout
+
+
+def one_rank_init(variant: str) -> dict:
+    """{key: tensor} of `variant`'s smoke model as a 1-rank run initialises it (the smoke seed, no FSDP), in
+    process."""
+    import torch
+    from torchtitan.config.override import apply_overrides
+
+    from neuron_qwen3 import config_registry
+    from neuron_qwen3.quirks import hf_rope_fix
+
+    if variant == "v5":
+        hf_rope_fix.apply()  # as the v5 trainer does before it builds the model
+    config = getattr(config_registry, f"{variant}_qwen3_smoke")()
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    apply_overrides(config.override, config)
+    with torch.device("meta"):
+        model = model_config.build()
+    model.to_empty(device="cpu")
+    torch.manual_seed(config.debug.seed)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    return model.state_dict()
+
+
+@pytest.mark.training
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_two_ranks_start_from_the_one_rank_init(variant, tmp_path):
+    """A 2-rank run's random init (FSDP shards every matrix by rows) is the 1-rank run's, exactly: without
+    WholeDraws each rank filled its shard from its alike-seeded generator, and each matrix was one draw twice. The
+    step-1 checkpoint of a run at learning rate 0 holds the initial weights."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    env = worker_env(
+        VARIANT=variant,
+        SCALE="smoke",
+        NPROC="2",
+        STEPS="1",
+        OUTPUT_DIR=str(tmp_path / "out"),
+        CHECKPOINT_DIR=str(tmp_path / "checkpoints"),
+        EXTRA_ARGS="--tune.lr 0 --checkpoint.enable_first_step_checkpoint",
+    )
+    result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    dcp_to_torch_save(tmp_path / "checkpoints" / "step-1", tmp_path / "step-1.pt")
+    started = torch.load(tmp_path / "step-1.pt", weights_only=False)
+    drawn = one_rank_init(variant)
+    random = [key for key, value in drawn.items() if value.dim() >= 2 and value.std() > 0]
+    assert len(random) >= 8, sorted(drawn)
+    for key in random:
+        half = started[key].shape[0] // 2
+        assert not torch.equal(started[key][:half], started[key][half:]), f"{key}: the two ranks' rows are one draw"
+        torch.testing.assert_close(started[key].to(drawn[key].dtype), drawn[key], rtol=0, atol=0, msg=key)
 
 
 def test_lse_path_matches_logsumexp():

@@ -240,6 +240,10 @@ def finish(config, world: int, kind: str) -> Finished:
     if done.lora:
         adapters.adapt_model_spec(config, done.lora)  # adapters in before parallelize_fn, the base frozen after
     configure_router(config)  # after resolve: INIT_FROM is then the base model's folder
+    if kind == "cpu":  # last: the init it wraps includes the adapters'
+        from neuron_qwen3.quirks import cpu_adapter
+
+        config.model_spec.parallelize_fn = cpu_adapter.whole_draws_at_init(config.model_spec.parallelize_fn)
     preference = configure_preference(config, done.lora)  # after resolve too
     done.lines += [preference] if preference else []
     if isinstance(config.dataloader, data.DataLoader.Config):

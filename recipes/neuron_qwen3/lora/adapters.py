@@ -14,9 +14,10 @@ adapt and the torchtitan weights its update adds to (for the export, the merge a
         (NKI or grouped-mm) computation; gate and up share A as in transformers' fused `gate_up_proj`
 
 A is initialised as PEFT does (kaiming-uniform, a = sqrt(5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in))), B to zeros,
-so the first step computes the base model exactly. On CPU every rank draws A whole (`_draw_whole`): a run's initial
-adapters do not depend on its number of ranks. Every other weight is frozen after parallelisation: the
-optimizer, which takes only trainable parameters, holds adapter state only, and no base weight gets a gradient.
+so the first step computes the base model exactly. On CPU every rank draws A whole (quirks/cpu_adapter.py's
+WholeDraws): a run's initial adapters do not depend on its number of ranks. Every other weight is frozen after
+parallelisation: the optimizer, which takes only trainable parameters, holds adapter state only, and no base weight
+gets a gradient.
 Tensor, expert and pipeline parallelism are refused (FSDP only, as every config here trains).
 """
 
@@ -27,7 +28,6 @@ import spmd_types as spmd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor, distribute_tensor
 from torchtitan.models.common.attention import FusedQKVLinear
 from torchtitan.models.common.decoder_sharding import dense_param_placement
 from torchtitan.models.common.moe import GroupedExperts
@@ -77,13 +77,10 @@ class LoRA(Module):
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """PEFT's init: kaiming_uniform_(A, a=sqrt(5)) over each (rank x in) block is U(+-1/sqrt(in)); B = 0.
-        Without DTensor's RNG tracker (CPU) A comes from `_draw_whole`, from `generator` (None: the default one), a
-        plain A on one rank too: the same draw whatever the number of ranks."""
+        Without DTensor's RNG tracker (CPU) A is drawn from `generator`, a host generator (None: the default one),
+        whole under the CPU adapter's WholeDraws: the same draw whatever the number of ranks."""
         bound = 1 / math.sqrt(self.fan_in)
-        if _rng_tracked(self.lora_A):
-            nn.init.uniform_(self.lora_A, -bound, bound)
-        else:
-            _draw_whole(self.lora_A, bound, generator)
+        nn.init.uniform_(self.lora_A, -bound, bound, generator=None if _rng_tracked(self.lora_A) else generator)
         nn.init.zeros_(self.lora_B)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,23 +99,9 @@ def _rng_tracked(tensor: torch.Tensor) -> bool:
     return tensor.is_meta or hasattr(torch.get_device_module(tensor.device), "set_rng_state")
 
 
-def _draw_whole(param: torch.Tensor, bound: float, generator: torch.Generator | None) -> None:
-    """U(+-bound) into `param`, drawn whole on the host from `generator`, each rank keeping its own shard.
-
-    Upstream: without the tracker (CPU), a DTensor's random op fills each rank's shard from that rank's own
-    generator, which torchtitan seeds alike on every rank: FSDP's dim-0 shards of A came out equal, a rank-8 adapter
-    starting as rank 4 twice on 2 ranks. Here every rank draws the whole A from the same generator state and cuts
-    its own shard (no communication)."""
-    full = torch.empty(param.shape, dtype=param.dtype).uniform_(-bound, bound, generator=generator)
-    with torch.no_grad():
-        if isinstance(param, DTensor):
-            full = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
-        param.copy_(full)
-
-
 def _shared_generator() -> torch.Generator:
     """A host generator seeded from the default one's state before the base's init (torchtitan seeds it alike on
-    every rank): that init, on CPU, draws each rank's shard, and leaves a state that depends on the number of ranks."""
+    every rank): the adapters' numbers do not depend on what that init draws, which a LoRA run then overwrites."""
     fork = torch.Generator()
     fork.set_state(torch.get_rng_state())
     return torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=fork)))  # not the base's own numbers

@@ -16,7 +16,9 @@ import types
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.nn.attention.flex_attention import AuxOutput, BlockMask, create_block_mask, create_mask
+from torch.utils._python_dispatch import TorchDispatchMode
 
 SUPPORTED_TORCHTITAN = "0.3.0"
 
@@ -53,6 +55,48 @@ def _cpu_device_module() -> types.SimpleNamespace:
         memory_stats=lambda *a, **k: peak(),
         is_available=lambda: True,
     )
+
+
+class WholeDraws(TorchDispatchMode):
+    """An in-place random fill of a sharded DTensor drawn whole, every rank keeping its own shard.
+
+    Upstream: DTensor draws a random op through its RNG tracker only on cuda-like devices
+    (torch.distributed.tensor._random.is_rng_supported_mesh); on CPU each rank fills its own shard from its own
+    generator, which torchtitan seeds alike on every rank. FSDP's dim-0 shards of a randomly initialised matrix
+    then came out equal: on 2 ranks each one was one draw, twice. Under this mode every rank draws the whole
+    tensor from the same generator state and cuts its own shard (no communication), so a run's initial weights
+    are a 1-rank run's, whatever its number of ranks.
+    """
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        target = args[0] if args else None
+        sharded = isinstance(target, DTensor) and any(isinstance(p, Shard) for p in target.placements)
+        if not (sharded and torch.Tag.nondeterministic_seeded in func.tags):
+            return func(*args, **kwargs)
+        assert func._schema.name.endswith("_"), f"{func}: an out-of-place random op on a sharded DTensor"
+        full = torch.empty(target.shape, dtype=target.dtype, device=target.device)
+        func(full, *args[1:], **kwargs)
+        target.copy_(distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None))
+        return target
+
+
+def whole_draws_at_init(parallelize_fn):
+    """The model spec's parallelize function, its model's `init_states` (what the trainer calls after to_empty,
+    adapters included when LoRA wrapped it first) then run under WholeDraws."""
+
+    def parallelize(model, *args, **kwargs):
+        model = parallelize_fn(model, *args, **kwargs)
+        init = model.init_states
+
+        def init_states(*, buffer_device=None):
+            with WholeDraws():
+                init(buffer_device=buffer_device)
+
+        model.init_states = init_states
+        return model
+
+    return parallelize
 
 
 def dense_attention(q, k, v, block_mask: BlockMask, *, scale=None, enable_gqa=False, return_lse=False):
