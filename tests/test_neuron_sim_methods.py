@@ -1,5 +1,5 @@
-"""DPO with LoRA, EPOCHS over the token cache, and a stop and its resume train on the simulated `neuron` device
-(tests/neuron_sim), 2 ranks, as on CPU.
+"""DPO with LoRA, GRPO, EPOCHS over the token cache, and a stop and its resume train on the simulated `neuron`
+device (tests/neuron_sim), 2 ranks, as on CPU.
 
 Run: .venv/bin/python -m pytest tests/test_neuron_sim_methods.py -q
 
@@ -13,11 +13,15 @@ by FSDP, the cache's reader, the save on SIGTERM and DCP's load of it) must give
           adapter: the device draws A through DTensor's RNG tracker, CPU from a host generator (lora/adapters.py),
           so the two start from different adapters. The folder's B is not zero, so step 1 already computes the
           adapters (the reference is the base).
+  grpo:   `--preference.method=grpo` on "Is N even?" prompts, 3 steps of 1 prompt x 4 completions on each rank,
+          rewarded for the answer and the first token's parity (tests/test_grpo.py's rewards): the generator's
+          prefill and decode with the KV cache on the device, its draws from the host generator (the same on
+          both), the rewards, GRPO's loss, and the held-out prompts' greedy validation.
   epochs: `--dataloader.epochs=1` over chat records read through `--dataloader.cache_dir`. On CPU once through; on
           the device SIGTERM to torchrun after step 2, then the same command again, which resumes from the stop's
           checkpoint (the only one: the interval is beyond the run).
 
-Five launches, two at a time: the stopped run and its restart in one chain, the other three in the other.
+Seven launches, two at a time: the stopped run and its restart in one chain, the others beside it.
 """
 
 import importlib.util
@@ -35,6 +39,7 @@ from conftest import ANSI, REPO, STEP_LOSS, folder_tensors, side_by_side_env
 from test_dpo import parity
 from test_dpo import write as write_pairs
 from test_finetune_variants import save_dense
+from test_grpo import REWARDS, questions
 from test_neuron_sim import SIM, build_tools  # noqa: F401  (build_tools: the C++ tool check, for this module too)
 from test_token_cache import conversation
 from test_token_cache import write as write_records
@@ -43,7 +48,7 @@ _spec = importlib.util.spec_from_file_location("neuron_sim_census", SIM / "censu
 census = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(census)
 
-DPO_STEPS, PAIRS, RECORDS, SIGNAL_AFTER = 3, 40, 30, 2
+DPO_STEPS, GRPO_STEPS, PAIRS, RECORDS, SIGNAL_AFTER = 3, 3, 40, 30, 2
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 NO_SAMPLES = "--samples.prompts="  # off: tests/test_neuron_sim_training.py proves samples on the device
 DPO = ["--preference.method=dpo", f"--training.steps={DPO_STEPS}", "--tune.lr=1e-3", "--tune.warmup=0", NO_SAMPLES]
@@ -110,6 +115,25 @@ def runs(tmp_path_factory) -> dict:
         f"--dataloader.source={pairs}",
         f"--checkpoint.initial_load_path={adapter(root / 'adapter', root / 'dense')}",
     ]
+    (root / "parity").mkdir()
+    prompts = [
+        {"prompt": [m], "answer": "Yes." if int(m["content"].split()[1]) % 2 == 0 else "No."} for m in questions(80)
+    ]
+    (root / "parity" / "parity.jsonl").write_text("".join(json.dumps(record) + "\n" for record in prompts))
+    (root / "parity" / "parity_rewards.py").write_text(REWARDS)
+    grpo = [
+        "--preference.method=grpo",
+        "--grpo.rewards=parity_rewards:correct,parity_rewards:odd_start",
+        "--grpo.generations=4",
+        "--grpo.max_completion=12",
+        "--training.global_batch_size=8",
+        "--training.seq_len=64",
+        f"--training.steps={GRPO_STEPS}",
+        "--tune.lr=1e-2",
+        "--tune.warmup=0",
+        f"--dataloader.source={root / 'parity' / 'parity.jsonl'}",
+        NO_SAMPLES,
+    ]
     epochs = [
         "--dataloader.epochs=1",
         f"--dataloader.source={chat}",
@@ -126,12 +150,11 @@ def runs(tmp_path_factory) -> dict:
         assert done.returncode == 0, f"{name}:\n{done.stderr[-4000:]}"
         return name, done
 
-    def others():
-        return [launch("dpo-cpu", "cpu", dpo), launch("dpo-neuron", "neuron", dpo), launch("epochs-cpu", "cpu", epochs)]
-
+    others = [("dpo-cpu", "cpu", dpo), ("dpo-neuron", "neuron", dpo), ("epochs-cpu", "cpu", epochs)]
+    others += [("grpo-cpu", "cpu", grpo), ("grpo-neuron", "neuron", grpo)]
     with ThreadPoolExecutor(2) as pool:  # two launches at a time
         chain = pool.submit(stop_and_resume, root / "epochs-neuron", root / "dense", env, epochs)
-        found.update(pool.submit(others).result())
+        found.update(future.result() for future in [pool.submit(launch, *other) for other in others])
         found.update(chain.result())
     return found
 
@@ -159,6 +182,31 @@ def test_dpo_with_lora_trains_on_neuron_as_on_cpu(runs):
     assert len(set(losses)) == DPO_STEPS, "the steps trained"
     log = runs["dpo-neuron"].stdout + runs["dpo-neuron"].stderr
     assert "LoRA: continuing the adapter of" in log and "reference the base model (LoRA adapters off)" in log
+
+
+@pytest.mark.training
+def test_grpo_generates_and_trains_on_neuron_as_on_cpu(runs):
+    """The same completions (their rewards and lengths exactly), the same GRPO figures within 1e-5 (clipping,
+    entropy; the sampler's log-probabilities within 1e-5 of the learner's on each), the same losses and gradient
+    norms, and the same validation (greedy answers to the held-out prompts, scored), step for step."""
+    on_cpu, on_neuron = (metrics(runs["root"] / f"grpo-{d}" / "report" / "metrics.jsonl") for d in ("cpu", "neuron"))
+    assert [r["step"] for r in on_neuron if "loss" in r] == list(range(1, GRPO_STEPS + 1))
+    assert_same_numbers(on_cpu, on_neuron)
+    for cpu, neuron in zip(on_cpu, on_neuron):
+        assert neuron["grpo"].keys() == cpu["grpo"].keys() and "reward/mean" in cpu["grpo"], cpu["grpo"]
+        for name, value in cpu["grpo"].items():
+            if name.startswith("time/"):
+                continue
+            if name.startswith("sampling/logp_difference"):  # rounding on both: each device's sampler and learner
+                assert value < 1e-5 and neuron["grpo"][name] < 1e-5, name
+                continue
+            exact = name.startswith(("reward", "completions/", "frac_reward_zero_std"))
+            assert neuron["grpo"][name] == (value if exact else pytest.approx(value, rel=1e-5, abs=1e-7)), name
+    flat = [r["grpo"]["frac_reward_zero_std"] for r in on_cpu if "loss" in r]
+    assert min(flat) < 1, "no group's rewards vary: every advantage is 0"
+    assert any("validation_loss" in r for r in on_neuron), "the held-out prompts were generated and scored"
+    log = runs["grpo-neuron"].stdout + runs["grpo-neuron"].stderr
+    assert "grpo: dapo loss" in log
 
 
 @pytest.mark.training
