@@ -14,7 +14,6 @@ nkilib's token-generation attention kernel is the candidate for the same seam (n
 """
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
 
@@ -22,13 +21,25 @@ HF_ATTENTION_NAME = "neuron_qwen3_kv_cache"  # the implementation's name in tran
 HF_STATE = "neuron_qwen3_kv_cache"  # the attribute of each transformers attention module that points to the cache
 
 
-@dataclass(frozen=True)
 class Step:
-    """One forward pass's place in the cache: new tokens of slot s go to positions start[s], start[s] + 1, ...;
-    queries read positions [0, keys)."""
+    """One forward pass's place in the cache: the `new` tokens of slot s go to positions start[s], start[s] + 1, ...;
+    queries read positions [0, keys). The write indices and the mask, the same in every layer, are made once here."""
 
-    start: torch.Tensor  # [slots] int64
-    keys: int
+    def __init__(self, start: torch.Tensor, new: int, keys: int):
+        self.start, self.new, self.keys = start, new, keys  # start: [slots] int64
+        self.columns = start[:, None] + torch.arange(new, device=start.device)  # [slots, new]
+        self.rows = torch.arange(len(start), device=start.device)[:, None].expand(len(start), new)
+        # [slots, new, keys]: True where the query may not look (a position after its own)
+        self.hidden = torch.arange(keys, device=start.device)[None, None, :] > self.columns[:, :, None]
+        self._masks = {}
+
+    def mask(self, group: int) -> torch.Tensor:
+        """[slots, 1, group x new, keys]: `hidden` for the `group` query heads that share a KV head, as rows."""
+        if group not in self._masks:
+            slots = self.hidden.shape[0]
+            repeated = self.hidden[:, None, None].expand(slots, 1, group, self.new, self.keys)
+            self._masks[group] = repeated.reshape(slots, 1, group * self.new, self.keys)
+        return self._masks[group]
 
 
 class KVCache:
@@ -45,23 +56,22 @@ class KVCache:
         step = self.step
         assert step is not None, "the cache is read outside a generator step"
         slots, heads, new, dim = q.shape
-        assert slots == self.slots, f"{slots} rows for a cache of {self.slots} slots"
+        assert slots == self.slots and new == step.new, f"{slots} x {new} queries for {self.slots} x {step.new}"
         if self.k is None:
             shape = (self.layers, self.slots, k.shape[1], self.length, dim)
             self.k = torch.zeros(shape, dtype=k.dtype, device=k.device)
             self.v = torch.zeros(shape, dtype=v.dtype, device=v.device)
         assert self.k.dtype == k.dtype, f"keys of {k.dtype} for a cache of {self.k.dtype}"
-        columns = step.start.to(q.device)[:, None] + torch.arange(new, device=q.device)  # [slots, L]
-        rows = torch.arange(slots, device=q.device)[:, None].expand(slots, new)
-        self.k[layer][rows, :, columns] = k.transpose(1, 2)
-        self.v[layer][rows, :, columns] = v.transpose(1, 2)
+        self.k[layer][step.rows, :, step.columns] = k.transpose(1, 2)
+        self.v[layer][step.rows, :, step.columns] = v.transpose(1, 2)
         keys, values = self.k[layer][:, :, : step.keys].float(), self.v[layer][:, :, : step.keys].float()
         kv_heads = keys.shape[1]
-        grouped = q.reshape(slots, kv_heads, heads // kv_heads, new, dim).float()
-        scores = torch.einsum("shgld,shkd->shglk", grouped, keys) * scale
-        visible = torch.arange(step.keys, device=q.device)[None, None, :] <= columns[:, :, None]  # [slots, L, keys]
-        scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
-        out = torch.einsum("shglk,shkd->shgld", scores.softmax(dim=-1), values)
+        group = heads // kv_heads
+        # each KV head's group of query heads as one block of rows: [slots, KV heads, group x new, dim]
+        grouped = q.reshape(slots, kv_heads, group * new, dim).float()
+        scores = torch.matmul(grouped, keys.transpose(-1, -2)) * scale
+        scores = scores.masked_fill(step.mask(group), float("-inf"))
+        out = torch.matmul(scores.softmax(dim=-1), values)
         return out.reshape(slots, heads, new, dim).to(q.dtype)
 
 

@@ -114,7 +114,7 @@ class Generator:
         states, then its lm_head on those positions only."""
         self.forwards[(phase, tuple(tokens.shape))] += 1
         device = self.device
-        self.cache.step = kv.Step(start.to(device), keys)
+        self.cache.step = kv.Step(start.to(device), tokens.shape[1], keys)
         tokens, positions = tokens.to(device), positions.to(device)
         if self.kind == "titan_hf":
             # a mask of the backend's own would be a flex BlockMask (compiled): the cache's step is the mask
