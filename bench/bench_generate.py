@@ -8,7 +8,9 @@ The model: a random transformers Qwen3ForCausalLM of the scale's config.json, lo
 Qwen3 of the same config through its state-dict adapter (what a run trains). The prompts: the bundled
 SAMPLE_PROMPTS, rendered with the bundled chat template. Each side answers greedily, `--tokens` new tokens each
 (no stop token, so both sides decode the same count), `--reps` times, the sides alternated; one warm-up each.
-Printed: decode tokens/s of each side (median and range), the ratio, and the KV cache's bytes against the plan's.
+Printed: each side's tokens/s over whole answers (prefill included) and over the decode steps alone (the answer's
+time less the time to its first token, both measured, alternated), the ratios, and the KV cache's bytes against
+the plan's.
 The window-per-token path is rebuilt here for the comparison alone: each new token is one forward pass of the
 [1, seq_len] window with the prompts packed as documents (the model's flex document mask), as report/samples.py
 did before the generator.
@@ -112,10 +114,14 @@ def window_per_token(model, prompts, tokens, seq_len):
     return run
 
 
-def timed(run, count: int) -> float:
+def seconds(run) -> float:
     started = time.perf_counter()
     run()
-    return count / (time.perf_counter() - started)
+    return time.perf_counter() - started
+
+
+def timed(run, count: int) -> float:
+    return count / seconds(run)
 
 
 def spread(values) -> str:
@@ -138,11 +144,18 @@ def main() -> None:
         first = new()
         assert first == hf(), "the generator and transformers' static-cache generate answer differently"
         assert [t[: args.old_tokens] for t in first] == old(), "the window-per-token path answers differently"
+        _, new_first = ours(model, prompts, 1, seq_len)
+        hf_first = theirs(reference, prompts, 1)
+        assert new_first() == hf_first() == [t[:1] for t in first], "the first tokens differ"
         count = args.tokens * len(prompts)
         rates = {"generator": [], "transformers static cache": [], "window per token": []}
+        decode = {"generator": [], "transformers static cache": []}
+        sides = (("generator", new, new_first), ("transformers static cache", hf, hf_first))
         for _ in range(args.reps):  # alternated, so that the machine's drift falls on every side alike
-            rates["generator"].append(timed(new, count))
-            rates["transformers static cache"].append(timed(hf, count))
+            for side, whole, first_token in sides:
+                answers = seconds(whole)
+                rates[side].append(count / answers)
+                decode[side].append((count - len(prompts)) / (answers - seconds(first_token)))
             rates["window per token"].append(timed(old, args.old_tokens * len(prompts)))
         lengths = [len(p) for p in prompts]
         print(
@@ -151,8 +164,14 @@ def main() -> None:
         print(f"  shapes: {generator.plan.shapes()}")
         for name, values in rates.items():
             print(f"  {name}: {spread(values)} tokens/s over {args.reps} runs")
-        ratios = [a / b for a, b in zip(rates["generator"], rates["transformers static cache"])]
-        print(f"  generator / transformers: {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
+        for name, values in decode.items():
+            print(f"  {name}, decode steps alone: {spread(values)} tokens/s")
+        for what, table in (("whole answers", rates), ("decode steps alone", decode)):
+            ratios = [a / b for a, b in zip(table["generator"], table["transformers static cache"])]
+            print(
+                f"  generator / transformers, {what}: {statistics.median(ratios):.2f} "
+                f"({min(ratios):.2f}-{max(ratios):.2f})"
+            )
         ratios = [a / b for a, b in zip(rates["generator"], rates["window per token"])]
         print(f"  generator / window per token: {statistics.median(ratios):.1f} ({min(ratios):.1f}-{max(ratios):.1f})")
         cache = generator.cache

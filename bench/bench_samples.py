@@ -6,19 +6,23 @@
 Each run is the launcher's (`python -m entrypoint`), VARIANT=native with the bundled prompts (three: one wave of the
 generator), SAMPLE_TOKENS=--tokens and SAMPLE_INTERVAL=2, so the samples at steps 0, 2, 4, ... and after the last
 alternate with training steps in one run. From its summary.json: the seconds per round (samples.seconds over the
-rounds, one prefill each) and the median training step (step_time_s). The share printed is a round against
-torchtitan's default validation interval of 10 training steps, validation itself left out (so an upper bound).
+rounds, one prefill each); from its metrics.jsonl, the median training step of the steps that no round precedes
+(torchtitan times a step from the previous step's log, so the step after a round counts the round too). The share
+printed is a round against torchtitan's default validation interval of 10 training steps, validation itself left
+out (so an upper bound).
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_INTERVAL = 10
+SAMPLE_INTERVAL = 2
 
 
 def run(scale: str, steps: int, tokens: int, tmp: str) -> dict:
@@ -29,7 +33,7 @@ def run(scale: str, steps: int, tokens: int, tmp: str) -> dict:
         SCALE=scale,
         STEPS=str(steps),
         SAMPLE_TOKENS=str(tokens),
-        SAMPLE_INTERVAL="2",
+        SAMPLE_INTERVAL=str(SAMPLE_INTERVAL),
         SAMPLE_PROMPTS=os.path.join(REPO, "recipes", "neuron_qwen3", "assets", "samples.jsonl"),
         OUTPUT_DIR=out,
         CACHE_DIR=os.path.join(tmp, "cache"),
@@ -39,7 +43,13 @@ def run(scale: str, steps: int, tokens: int, tmp: str) -> dict:
     result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     with open(os.path.join(out, "report", "summary.json")) as f:
-        return json.load(f)
+        summary = json.load(f)
+    with open(os.path.join(out, "report", "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    # a round runs after step 0, SAMPLE_INTERVAL, ...: the step after it is timed with it; step 1 warms up too
+    clean = [r["step_time_s"] for r in records if "step_time_s" in r and (r["step"] - 1) % SAMPLE_INTERVAL]
+    assert clean, "no training step without a round before it: raise --steps"
+    return summary, statistics.median(clean)
 
 
 def main() -> None:
@@ -50,8 +60,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for scale in args.scales:
-            summary = run(scale, args.steps, args.tokens, tmp)
-            samples, step = summary["samples"], summary["step_time_s"]
+            summary, step = run(scale, args.steps, args.tokens, tmp)
+            samples = summary["samples"]
             rounds = sum(n for phase, _, n in samples["forwards"] if phase == "prefill")
             per_round = samples["seconds"] / rounds
             share = per_round / (DEFAULT_INTERVAL * step)
