@@ -57,6 +57,19 @@ def random_smoke_model(folder, seed: int, moe: bool = False) -> str:
     return str(folder)
 
 
+def meta_model(config) -> tuple:
+    """(model config, model on the meta device) of `config`, as its trainer builds them: the model config completed
+    from the run's, the overrides (the NKI experts) swapped in."""
+    import torch
+    from torchtitan.config.override import apply_overrides
+
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    apply_overrides(config.override, config)
+    with torch.device("meta"):
+        return model_config, model_config.build()
+
+
 def folder_tensors(folder) -> dict:
     """Every tensor of a Hugging Face model folder's safetensors files, by name."""
     from safetensors.torch import load_file

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, run_scenarios, worker_env
+from conftest import REPO, meta_model, run_scenarios, worker_env
 
 from entrypoint.variants import VARIANTS
 
@@ -57,7 +57,6 @@ def one_rank_init(variant: str) -> dict:
     """{key: tensor} of `variant`'s smoke model as a 1-rank run initialises it (the smoke seed, no FSDP), in
     process."""
     import torch
-    from torchtitan.config.override import apply_overrides
 
     from neuron_qwen3 import config_registry
     from neuron_qwen3.quirks import hf_rope_fix
@@ -65,11 +64,7 @@ def one_rank_init(variant: str) -> dict:
     if variant == "v5":
         hf_rope_fix.apply()  # as the v5 trainer does before it builds the model
     config = getattr(config_registry, f"{variant}_qwen3_smoke")()
-    model_config = config.model_spec.model
-    model_config.update_from_config(config=config)
-    apply_overrides(config.override, config)
-    with torch.device("meta"):
-        model = model_config.build()
+    _, model = meta_model(config)
     model.to_empty(device="cpu")
     torch.manual_seed(config.debug.seed)
     with torch.no_grad():

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import ANSI, REPO, STEP_LOSS, side_by_side_env
+from conftest import ANSI, REPO, STEP_LOSS, meta_model, side_by_side_env
 
 pytestmark = pytest.mark.training
 ZERO_LR = "--tune.lr 0"  # the weights stay: a round trip
@@ -195,18 +195,12 @@ def final_checkpoint(done, name) -> dict:
     return torch.load(out, weights_only=False)
 
 
-def meta_model(name) -> tuple:
+def smoke_meta_model(name) -> tuple:
     """(config, model config, model on the meta device) of `name`'s smoke run, as its trainer builds them."""
-    from torchtitan.config.override import apply_overrides
-
     from neuron_qwen3 import config_registry
 
     config = moe_config("float32") if name == "moe" else getattr(config_registry, f"{VARIANT[name]}_qwen3_smoke")()
-    model_config = config.model_spec.model
-    model_config.update_from_config(config=config)
-    apply_overrides(config.override, config)
-    with torch.device("meta"):
-        return config, model_config, model_config.build()
+    return config, *meta_model(config)
 
 
 def trained_titan(done, name):
@@ -218,7 +212,7 @@ def trained_titan(done, name):
 
     if name == "v5":
         hf_rope_fix.apply()  # as the v5 trainer does before it builds the model
-    config, model_config, model = meta_model(name)
+    config, model_config, model = smoke_meta_model(name)
     adapters.insert(model, Lora(**SETTINGS[name]), targets.family_of(model_config))
     model.to_empty(device="cpu")
     with torch.no_grad():
@@ -239,7 +233,7 @@ def one_rank_adapters(name) -> dict:
     from neuron_qwen3.lora import adapters, targets
     from neuron_qwen3.settings import Lora
 
-    config, model_config, model = meta_model(name)
+    config, model_config, model = smoke_meta_model(name)
     parallelize = adapters.wrap_parallelize(
         lambda model, **_: model, Lora(**SETTINGS[name]), targets.family_of(model_config)
     )

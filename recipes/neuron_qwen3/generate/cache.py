@@ -1,7 +1,7 @@
 """The KV cache and the attention that reads it, at shapes fixed before the first token.
 
 Keys and values live in two tensors allocated once, [layers, slots, KV heads, length, head dim]. A forward pass
-writes its new tokens' keys and values at each slot's own positions (`Step.start` on) and its queries attend to
+writes its new tokens' keys and values at each slot's own positions (from the slot's start on) and its queries attend to
 the first `Step.keys` cache positions, masked to those at or before their own position: a prefill of a
 right-padded prompt bucket (start 0, keys = the bucket) or one decode token per slot (start = the slot's length,
 keys = the whole cache). Nothing about the prompts or the step changes a shape, so a compiled graph serves every
@@ -26,8 +26,8 @@ class Step:
     queries read positions [0, keys). The write indices and the mask, the same in every layer, are made once here."""
 
     def __init__(self, start: torch.Tensor, new: int, keys: int):
-        self.start, self.new, self.keys = start, new, keys  # start: [slots] int64
-        self.columns = start[:, None] + torch.arange(new, device=start.device)  # [slots, new]
+        self.new, self.keys = new, keys
+        self.columns = start[:, None] + torch.arange(new, device=start.device)  # [slots, new]; start: [slots] int64
         self.rows = torch.arange(len(start), device=start.device)[:, None].expand(len(start), new)
         # [slots, new, keys]: True where the query may not look (a position after its own)
         self.hidden = torch.arange(keys, device=start.device)[None, None, :] > self.columns[:, :, None]
