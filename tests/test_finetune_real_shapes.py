@@ -176,7 +176,11 @@ def runs(tmp):
 
 @pytest.fixture(scope="module")
 def done(tmp_path_factory):
-    return runs(str(tmp_path_factory.mktemp("real-shapes")))
+    """The two runs. Their sources and exports (5 GB) are removed when the module ends, not carried to the end of a
+    whole test run, so `make test` needs that much less disk."""
+    tmp = tmp_path_factory.mktemp("real-shapes")
+    yield runs(str(tmp))
+    shutil.rmtree(tmp)
 
 
 @pytest.mark.parametrize("name", ["dense", "moe"])
