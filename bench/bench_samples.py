@@ -6,10 +6,10 @@
 Each run is the launcher's (`python -m entrypoint`), VARIANT=native with the bundled prompts (three: one wave of the
 generator), SAMPLE_TOKENS=--tokens and SAMPLE_INTERVAL=2, so the samples at steps 0, 2, 4, ... and after the last
 alternate with training steps in one run. From its summary.json: the seconds per round (samples.seconds over the
-rounds, one prefill each); from its metrics.jsonl, the median training step of the steps that no round precedes
-(torchtitan times a step from the previous step's log, so the step after a round counts the round too). The share
-printed is a round against torchtitan's default validation interval of 10 training steps, validation itself left
-out (so an upper bound).
+rounds, one prefill each); from its metrics.jsonl, the median training step after the first (which warms up). The
+steps right after a round and the others are printed apart too: a round is moved out of the next step's time
+(report/samples.py), so the two should agree. The share printed is a round against torchtitan's default validation
+interval of 10 training steps, validation itself left out (so an upper bound).
 """
 
 import argparse
@@ -46,10 +46,11 @@ def run(scale: str, steps: int, tokens: int, tmp: str) -> dict:
         summary = json.load(f)
     with open(os.path.join(out, "report", "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
-    # a round runs after step 0, SAMPLE_INTERVAL, ...: the step after it is timed with it; step 1 warms up too
-    clean = [r["step_time_s"] for r in records if "step_time_s" in r and (r["step"] - 1) % SAMPLE_INTERVAL]
-    assert clean, "no training step without a round before it: raise --steps"
-    return summary, statistics.median(clean)
+    timed = [r for r in records if "step_time_s" in r and r["step"] > 1]  # step 1 warms up
+    after = [r["step_time_s"] for r in timed if (r["step"] - 1) % SAMPLE_INTERVAL == 0]  # a round ran before it
+    others = [r["step_time_s"] for r in timed if (r["step"] - 1) % SAMPLE_INTERVAL]
+    assert after and others, "too few steps to compare the steps after a round with the others: raise --steps"
+    return summary, statistics.median(after + others), statistics.median(after), statistics.median(others)
 
 
 def main() -> None:
@@ -60,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for scale in args.scales:
-            summary, step = run(scale, args.steps, args.tokens, tmp)
+            summary, step, after, others = run(scale, args.steps, args.tokens, tmp)
             samples = summary["samples"]
             rounds = sum(n for phase, _, n in samples["forwards"] if phase == "prefill")
             per_round = samples["seconds"] / rounds
@@ -69,6 +70,7 @@ def main() -> None:
                 f"{scale}: shapes {samples['shapes']}, {summary['steps']['done']} steps, {rounds} rounds of "
                 f"{args.tokens} tokens in {samples['seconds']:.2f} s: {per_round:.2f} s a round against a "
                 f"{step:.2f} s training step; a round every {DEFAULT_INTERVAL} steps: {share:.1%} of the interval"
+                f" (median step after a round {after:.3f} s, after none {others:.3f} s)"
             )
 
 

@@ -183,6 +183,30 @@ def test_the_generator_keeps_the_weights_gathered_for_a_round_only_where_the_who
     assert gathers("235B-A22B", None)[0]
 
 
+def test_a_round_is_left_out_of_the_next_logged_steps_time():
+    """torchtitan times a logged step from its last log (step time, tokens/s, MFU): a samples round in between is
+    moved out of that interval, so what the next log measures is training alone."""
+    import time
+    from types import SimpleNamespace
+
+    from neuron_qwen3.report import samples
+
+    round_s = 0.3
+
+    class Slow:
+        def generate(self, prompts, sampling):
+            time.sleep(round_s)
+            return []
+
+    processor = SimpleNamespace(time_last_log=time.perf_counter())  # torchtitan's MetricsProcessor field
+    sampler = samples.Sampler.__new__(samples.Sampler)
+    sampler.trainer = SimpleNamespace(model_parts=[torch.nn.Linear(1, 1)], metrics_processor=processor)
+    sampler.generator, sampler.prompts, sampler.writer, sampler.seconds, sampler.last = Slow(), [], False, 0.0, None
+    sampler.sample(2)
+    assert sampler.seconds >= round_s
+    assert time.perf_counter() - processor.time_last_log < round_s  # torchtitan's time_delta at the next log
+
+
 # ---- through the launcher ------------------------------------------------------------------------------------
 
 

@@ -156,7 +156,11 @@ class Sampler:
             answers = self.generator.generate([p.ids for p in self.prompts], Sampling())
         finally:
             model.train()
-        self.seconds += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.seconds += seconds
+        # torchtitan times a logged interval from its last log, so the round would count as the next steps' time
+        # (their step time, tokens/s and MFU): moved out of it, as torchtitan's validation is.
+        self.trainer.metrics_processor.time_last_log += seconds
         if self.writer:
             self._write(step, [(answer.tokens, answer.stop) for answer in answers])
 
