@@ -9,10 +9,11 @@ varies on an untrained model, so the advantages are not all 0)):
   nki_moe:     NPROC=2, GRPO_BETA=0.04 (INIT_FROM frozen), GRPO_SCALE_REWARDS=batch, GRPO_LOSS=dr_grpo, 2 steps
   whole, resume: native, NPROC=2, GRPO_ITERATIONS=2, 6 steps, a checkpoint at step 3, between the two steps on
                the generation of step 3 (each rank's own); resume runs steps 4 to 6 again from it
-  sft, learn, control: a random smoke model first fine-tuned (SFT, 40 steps) to answer "Is N even?" with "Yes." or
-               "No." at random; then GRPO, 16 steps of 4 prompts x 8 generations, LR 2e-3, rewarded for "Yes.":
-               learn with the reward, control with each group's rewards shuffled (no signal, the same mean); both
-               validate on 16 held-out prompts every 8 steps
+  sft, learn, control: a random smoke model first fine-tuned (SFT, 40 steps) to answer prompts such as "Case 137:
+               answer No." with "Yes." or "No." at random; then GRPO, LEARN_STEPS steps of 16 prompts x 4
+               generations, LR 5e-4, rewarded for the answer the prompt states (`correct`): learn with the reward,
+               control with each group's rewards shuffled (no signal, the same mean); both validate on 16 held-out
+               prompts four times
 The loss and gradient against TRL's GRPOTrainer: tests/test_grpo_trl.py. Bad input: tests/test_grpo_inputs.py.
 Run: .venv/bin/python -m pytest tests/test_grpo.py -q
 """
@@ -39,21 +40,19 @@ def odd_start(completion_ids, **kwargs):
     return [float(ids[0] % 2) for ids in completion_ids]
 
 
-def yes(completions, **kwargs):
-    return [float(c[0]["content"].split("</think>")[-1].strip() == "Yes.") for c in completions]
 
-
-def yes_shuffled(completions, **kwargs):
-    # yes's rewards shuffled within each group of 8, with a seed drawn from the completions
+def correct_shuffled(prompts, completions, answer, **kwargs):
+    # correct's rewards shuffled within each group of 4, with a seed drawn from the completions
     import random
 
-    found = yes(completions)
+    found = correct(prompts, completions, answer)
     rng = random.Random(sum(len(c[0]["content"]) for c in completions))
-    groups = [found[i : i + 8] for i in range(0, len(found), 8)]
+    groups = [found[i : i + 4] for i in range(0, len(found), 4)]
     for group in groups:
         rng.shuffle(group)
     return [reward for group in groups for reward in group]
 """
+LEARN_STEPS = 64  # GRPO's steps from the SFT model: 16 prompts x 4 generations each
 COMMON = dict(
     METHOD="grpo",
     GRPO_REWARDS="parity_rewards:correct,parity_rewards:odd_start",
@@ -70,6 +69,12 @@ COMMON = dict(
 def questions(n: int, seed: int = 0) -> list:
     rng = random.Random(seed)
     return [{"role": "user", "content": f"Is {rng.randrange(10)} even?"} for _ in range(n)]
+
+
+def instructed(number: int, answer: str) -> dict:
+    """A prompt that says its answer among filler ("Case 137: answer No."): a policy is right only if it reads the
+    prompt, and held-out prompts carry numbers never trained on."""
+    return {"prompt": [{"role": "user", "content": f"Case {number}: answer {answer}"}], "answer": answer}
 
 
 def launch(tmp, name, **env):
@@ -122,21 +127,32 @@ def runs(tmp):
     }
     launches["native-lora"]["STEPS"] = "4"
 
-    answers = [{"messages": [m, {"role": "assistant", "content": rng.choice(["Yes.", "No."])}]} for m in questions(400)]
+    said = lambda: rng.choice(["Yes.", "No."])  # noqa: E731
+    cases = [instructed(rng.randrange(100, 500), said()) for _ in range(800)]
+    (tmp / "data" / "cases.jsonl").write_text("".join(json.dumps(record) + "\n" for record in cases))
+    answers = [
+        {
+            "messages": [
+                instructed(rng.randrange(100, 500), said())["prompt"][0],
+                {"role": "assistant", "content": said()},
+            ]
+        }
+        for _ in range(400)
+    ]
     (tmp / "data" / "sft.jsonl").write_text("".join(json.dumps(record) + "\n" for record in answers))
-    held_out = [json.dumps({"prompt": [{"role": "user", "content": f"Is {n} even?"}]}) + "\n" for n in range(10, 26)]
-    (tmp / "data" / "held_out.jsonl").write_text("".join(held_out))  # numbers never trained on
+    held_out = [json.dumps(instructed(n, ["Yes.", "No."][n % 2])) + "\n" for n in range(500, 516)]
+    (tmp / "data" / "held_out.jsonl").write_text("".join(held_out))  # numbers never trained on, half of each answer
     learning = dict(
         VARIANT="native",
         INIT_FROM=str(tmp / "sft-model"),
-        DATASET=data,
+        DATASET=str(tmp / "data" / "cases.jsonl"),
         VALIDATION=str(tmp / "data" / "held_out.jsonl"),
-        VALIDATION_INTERVAL="8",
-        GRPO_GENERATIONS="8",
-        BATCH_SIZE="32",
+        VALIDATION_INTERVAL=str(LEARN_STEPS // 4),
+        GRPO_GENERATIONS="4",
+        BATCH_SIZE="64",
         GRPO_MAX_COMPLETION="8",
-        STEPS="16",
-        LR="2e-3",
+        STEPS=str(LEARN_STEPS),
+        LR="5e-4",  # at 1e-3 and above the policy swings between answering "Yes." and "No." to every prompt
     )
 
     sft = dict(
@@ -167,8 +183,8 @@ def runs(tmp):
         )
         chained = pool.submit(whole_then_resume)
         learned = {
-            "learn": pool.submit(after_sft, "learn", "parity_rewards:yes"),
-            "control": pool.submit(after_sft, "control", "parity_rewards:yes_shuffled"),
+            "learn": pool.submit(after_sft, "learn", "parity_rewards:correct"),
+            "control": pool.submit(after_sft, "control", "parity_rewards:correct_shuffled"),
         }
         done = {name: pool.submit(launch, tmp, name, **env) for name, env in launches.items()}
         done = {name: future.result() for name, future in done.items()}
@@ -246,18 +262,23 @@ def sample_rows(tmp, name) -> list:
     return [json.loads(line) for line in (tmp / name / "report" / "samples.jsonl").read_text().splitlines()]
 
 
+def expected(row) -> dict:
+    """The reward of a sampled or held-out answer to an instructed prompt ("Case N: answer Yes.")."""
+    said, asked = row["answer"].split("</think>")[-1].strip(), row["text"].rsplit("answer ", 1)[-1]
+    return {"parity_rewards:correct": float(said == asked), "total": float(said == asked)}
+
+
 def test_each_logged_step_shows_a_group_of_training_completions_with_their_rewards(done):
-    """At each logged step samples.jsonl (and samples.md) gets the step's first prompt with its 8 sampled
+    """At each logged step samples.jsonl (and samples.md) gets the step's first prompt with its 4 sampled
     completions and what the reward gave each; a resumed run writes the same ones as the run that never stopped."""
-    data = str(done["tmp"] / "data" / "parity.jsonl")
+    data = str(done["tmp"] / "data" / "cases.jsonl")
     rows = [row for row in sample_rows(done["tmp"], "learn") if row["prompt"].startswith(data)]
-    assert [r["step"] for r in rows] == [step for step in range(1, 17) for _ in range(8)]
-    for step in range(1, 17):
-        group = rows[8 * (step - 1) : 8 * step]
-        assert len({(r["prompt"], r["text"]) for r in group}) == 1, group  # one prompt, its 8 completions
+    assert [r["step"] for r in rows] == [step for step in range(1, LEARN_STEPS + 1) for _ in range(4)]
+    for step in range(1, LEARN_STEPS + 1):
+        group = rows[4 * (step - 1) : 4 * step]
+        assert len({(r["prompt"], r["text"]) for r in group}) == 1, group  # one prompt, its 4 completions
         for row in group:
-            said = row["answer"].split("</think>")[-1].strip()
-            assert row["rewards"] == {"parity_rewards:yes": float(said == "Yes."), "total": float(said == "Yes.")}
+            assert row["rewards"] == expected(row), row
             assert 0 < len(row["tokens"]) <= 8 and row["stop"] in ("end", "length"), row
     shown = (done["tmp"] / "learn" / "report" / "samples.md").read_text()
     assert f"## {rows[-1]['prompt']}" in shown
@@ -270,19 +291,21 @@ def validations(tmp, name) -> list:
     return [r for r in records(tmp, name) if "validation_loss" in r]
 
 
-def test_grpo_learns_what_the_reward_asks_and_a_shuffled_reward_does_not(done):
-    """From a model that says "Yes." about as often as "No." (SFT on random answers), GRPO rewarded for "Yes." says it
-    in over 90 % of its sampled completions over the last 4 of 16 steps, and in over 90 % of its greedy answers to
-    held-out prompts (VALIDATION, numbers never trained on) after the last; with each group's rewards shuffled (the
-    same rewards, no link to the completions) it gets to neither. The sampled rewards are the learning curve: the
-    greedy answer of a model this close to 50/50 tips at the first update, one way or the other."""
+def test_grpo_learns_to_read_the_prompt_and_a_shuffled_reward_does_not(done):
+    """From a model that answers "Yes." or "No." at random (SFT on random answers: about 50 % right), GRPO rewarded
+    for the answer its prompt states gives over 90 % right greedy answers to held-out prompts (numbers never trained
+    on, half of each answer) after the last step, where a constant answer scores 50 %: only reading the prompt
+    passes. Its sampled completions (temperature 1) rise from about half to over 75 % over the last 8 steps. With
+    each group's rewards shuffled (the same rewards, no link to the completions) it gets to neither."""
     learn, control = ([r for r in records(done["tmp"], name) if "loss" in r] for name in ("learn", "control"))
+    assert len(learn) == len(control) == LEARN_STEPS
     assert 0.2 <= learn[0]["grpo"]["reward/mean"] <= 0.8 and control[0]["grpo"]["reward/mean"] <= 0.8
-    late = lambda steps: sum(r["grpo"]["reward/mean"] for r in steps[-4:]) / 4  # noqa: E731
-    assert late(learn) >= 0.9, [r["grpo"]["reward/mean"] for r in learn]
-    assert late(control) < 0.75, [r["grpo"]["reward/mean"] for r in control]
+    late = lambda steps: sum(r["grpo"]["reward/mean"] for r in steps[-8:]) / 8  # noqa: E731
+    assert late(learn) >= 0.75, [r["grpo"]["reward/mean"] for r in learn]
+    assert late(control) < 0.6, [r["grpo"]["reward/mean"] for r in control]
     held, held_control = validations(done["tmp"], "learn"), validations(done["tmp"], "control")
-    assert [v["step"] for v in held] == [1, 8, 16]
+    assert [v["step"] for v in held] == [1] + [LEARN_STEPS // 4 * k for k in (1, 2, 3, 4)]
+    assert held[0]["grpo"]["reward/mean"] <= 0.75, held
     assert held[-1]["grpo"]["reward/mean"] >= 0.9, held
     assert held_control[-1]["grpo"]["reward/mean"] < 0.9, held_control
 
@@ -294,15 +317,15 @@ def test_grpo_validation_is_the_held_out_prompts_mean_reward(done):
     held = validations(done["tmp"], "learn")
     for v in held:
         assert v["validation_loss"] == -v["grpo"]["reward/mean"]
-        assert v["grpo"]["rewards/parity_rewards:yes/mean"] * 16 == pytest.approx(round(v["grpo"]["reward/mean"] * 16))
+        found = v["grpo"]["rewards/parity_rewards:correct/mean"] * 16
+        assert found == pytest.approx(round(v["grpo"]["reward/mean"] * 16))
         assert 0 < v["grpo"]["completions/mean_length"] <= 8
     summary = json.loads((done["tmp"] / "learn" / "report" / "summary.json").read_text())["validation"]
     assert summary["best_loss"] == min(v["validation_loss"] for v in held)
     held_out = str(done["tmp"] / "data" / "held_out.jsonl")
     rows = [row for row in sample_rows(done["tmp"], "learn") if row["prompt"].startswith(held_out)]
-    assert [r["step"] for r in rows] == [1] * 4 + [8] * 4 + [16] * 4
+    assert [r["step"] for r in rows] == [step for step in [v["step"] for v in held] for _ in range(4)]
     for row in rows:
-        said = row["answer"].split("</think>")[-1].strip()
-        assert row["rewards"] == {"parity_rewards:yes": float(said == "Yes."), "total": float(said == "Yes.")}, row
+        assert row["rewards"] == expected(row), row
     shown = (done["tmp"] / "learn" / "report" / "samples.md").read_text()
-    assert "| step | stop | answer | rewards |" in shown and "parity_rewards:yes" in shown
+    assert "| step | stop | answer | rewards |" in shown and "parity_rewards:correct" in shown
