@@ -1,0 +1,96 @@
+"""TRL's GRPOTrainer on the completions a METHOD=grpo run generated, the same policy, rewards and optimizer
+settings; prints JSON.
+
+argv: policy folder, rollouts .json, tokenizer folder, settings .json.
+- rollouts: one entry per prompt of the run's first generation, every rank's: {"prompt": the record's prompt,
+  "prompt_ids", "completions": [token ids, ...], "logprobs": [the generator's, ...]}. TRL's `rollout_func` hands
+  them over in place of its own generation, so both sides train on the same tokens.
+- settings: {"generations", "max_completion", "lr", "beta", "loss", "steps", "iterations", "rewards": "module:fn"
+  (imported with the rollouts' folder first on the path, as the run imports it beside its data)}.
+All the completions form one batch (per_device_train_batch_size); AdamW with betas 0.9/0.95, eps 1e-8, no weight
+decay, clip at 1.0, a constant learning rate: torchtitan's settings in the run. Prints {"logs": [each step's logged
+loss, grad_norm and metrics], "aux": whether TRL adds the MoE load-balancing loss}.
+"""
+
+import importlib
+import json
+import os
+import sys
+import tempfile
+
+import torch
+import transformers
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
+
+policy, rollouts_path, tokenizer_folder, settings_path = sys.argv[1:5]
+rollouts = json.load(open(rollouts_path))
+settings = json.load(open(settings_path))
+sys.path.insert(0, os.path.dirname(os.path.abspath(rollouts_path)))
+module, function = settings["rewards"].split(":")
+reward = getattr(importlib.import_module(module), function)
+by_prompt = {json.dumps(r["prompt"]): r for r in rollouts}
+
+
+def rollout(prompts, trainer):
+    """Each prompt's completions, in the run's order: TRL repeats every prompt `generations` times in a row."""
+    out, taken = {"prompt_ids": [], "completion_ids": [], "logprobs": []}, {}
+    for prompt in prompts:
+        key = json.dumps(prompt)
+        found, k = by_prompt[key], taken.get(key, 0)
+        taken[key] = k + 1
+        out["prompt_ids"].append(found["prompt_ids"])
+        out["completion_ids"].append(found["completions"][k])
+        out["logprobs"].append(found["logprobs"][k])
+    return out
+
+
+steps = []
+
+
+class Logs(transformers.TrainerCallback):
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            steps.append({"step": state.global_step, **logs})
+
+
+torch.manual_seed(0)
+completions = sum(len(r["completions"]) for r in rollouts)
+args = GRPOConfig(
+    output_dir=tempfile.mkdtemp(),
+    per_device_train_batch_size=completions,
+    gradient_accumulation_steps=1,
+    num_generations=settings["generations"],
+    max_completion_length=settings["max_completion"],
+    num_iterations=settings["iterations"],
+    beta=settings["beta"],
+    loss_type=settings["loss"],
+    learning_rate=settings["lr"],
+    lr_scheduler_type="constant",
+    max_steps=settings["steps"],
+    weight_decay=0.0,
+    adam_beta1=0.9,
+    adam_beta2=0.95,
+    adam_epsilon=1e-8,
+    max_grad_norm=1.0,
+    logging_steps=1,
+    report_to="none",
+    save_strategy="no",
+    use_cpu=True,
+    bf16=False,
+    fp16=False,
+    seed=0,
+    dataloader_num_workers=0,
+)
+trainer = GRPOTrainer(
+    model=AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32),
+    reward_funcs=[reward],
+    args=args,
+    train_dataset=Dataset.from_list([{"prompt": r["prompt"]} for r in rollouts]),
+    processing_class=AutoTokenizer.from_pretrained(tokenizer_folder),
+    rollout_func=rollout,
+)
+trainer.add_callback(Logs())
+trainer.train()
+print(json.dumps({"logs": steps, "aux": trainer.aux_loss_enabled}))
