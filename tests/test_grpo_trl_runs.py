@@ -1,14 +1,16 @@
 """METHOD=grpo through the launcher against TRL 1.16's GRPOTrainer on the same completions, for every variant.
 
 Each run (smoke models from INIT_FROM folders written here, float32, 2 prompts x 4 completions a generation in
-one micro-batch, GRPO_ITERATIONS=2, 2 steps, a checkpoint at step 1): native and v5 on 1 rank, nki_moe on 2 (FSDP;
-the MoE load-balancing loss on, as INIT_FROM's router_aux_loss_coef asks). The reward is a function of the
-completion's tokens, so that both sides score them alike. Step 1's checkpoint holds every rank's generation (the
-rows it trains, with the generator's log-probabilities and the advantages); TRL (tests/scenarios/trl_grpo.py)
-gets the same prompts and completions through its `rollout_func` and trains two steps on them. Step 1 is the
-loss before any update; step 2 trains the same completions again after one AdamW step on both sides, so it checks
-the gradient and the optimizer too. The loss function alone against TRL, over every loss type and setting:
-tests/test_grpo_trl.py.
+one micro-batch, GRPO_ITERATIONS=2, 2 steps, a checkpoint at step 1; RUNS): native (dapo, beta 0) and v5 (grpo,
+beta 0.04) on 1 rank, nki_moe on 2 (FSDP; dr_grpo, beta 0.04, the MoE load-balancing loss on, as INIT_FROM's
+router_aux_loss_coef asks), native with LoRA (dapo, beta 0.04: the reference is the base with the adapters off on
+both sides). The reward is a function of the completion's tokens, so both sides score them alike. Step 1's
+checkpoint holds every rank's generation (the rows it trains, with the generator's log-probabilities); TRL
+(tests/scenarios/trl_grpo.py) gets the same prompts and completions through its `rollout_func` and trains two
+steps on them, with LoRA on a PEFT model of the run's own adapters as they started (a one-step run's export: a
+first step moves B from 0 but leaves A, whose gradient is 0 while B is). Step 2 trains the same completions again
+after one AdamW step on both sides, so it checks the gradient and the optimizer too. The loss function alone
+against TRL, over every loss type and setting: tests/test_grpo_trl.py.
 Run: .venv/bin/python -m pytest tests/test_grpo_trl_runs.py -q
 """
 
@@ -33,19 +35,25 @@ def spread(completion_ids, **kwargs):
 """
 QUESTIONS = ["Name a colour.", "Count to three."]
 AS_TRL = "--training.mixed_precision_param float32 --optimizer.param_groups.0.optimizer_kwargs.weight_decay 0"
-VARIANTS = {"native": 1, "v5": 1, "nki_moe": 2}  # ranks
-LOSSES = {"native": ("dapo", 0.0), "v5": ("grpo", 0.04), "nki_moe": ("dr_grpo", 0.04)}  # GRPO_LOSS, GRPO_BETA
+RUNS = {  # variant, ranks, GRPO_LOSS, GRPO_BETA, LoRA
+    "native": ("native", 1, "dapo", 0.0, False),
+    "v5": ("v5", 1, "grpo", 0.04, False),
+    "nki_moe": ("nki_moe", 2, "dr_grpo", 0.04, False),
+    "native-lora": ("native", 1, "dapo", 0.04, True),  # the reference: the base, adapters off, on both sides
+}
+LORA = dict(LORA_RANK="8", LORA_ALPHA="16")
 
 
-def launch(tmp, name, nproc, **env):
+def launch(tmp, name, out, **env):
+    variant, nproc, loss, beta, lora = RUNS[name]
     batch = GENERATIONS * PROMPTS
-    env = side_by_side_env(
+    settings = dict(
         SCALE="smoke",
-        VARIANT=name,
+        VARIANT=variant,
         NPROC=str(nproc),
-        OUTPUT_DIR=str(tmp / name),
-        CHECKPOINT_DIR=str(tmp / f"{name}-checkpoint"),
-        CHECKPOINT_INTERVAL="1",
+        OUTPUT_DIR=str(tmp / out),
+        GRPO_LOSS=loss,
+        GRPO_BETA=str(beta),
         METHOD="grpo",
         DATASET=str(tmp / "data" / "prompts.jsonl"),
         GRPO_REWARDS="trl_rewards:spread",
@@ -58,8 +66,9 @@ def launch(tmp, name, nproc, **env):
         LR=str(LR),
         WARMUP_STEPS="0",
         EXTRA_ARGS=f"{AS_TRL} --training.local_batch_size {batch // nproc}",
-        **env,
+        **(LORA if lora else {}),
     )
+    env = side_by_side_env(**{**settings, **env})
     return subprocess.run(
         [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
     )
@@ -109,7 +118,7 @@ def find(state, key):
     return None
 
 
-def trl(tmp, name, rollouts, policy):
+def trl(tmp, name, rollouts, policy, adapter=None):
     path = tmp / "data" / f"{name}-rollouts.json"
     path.write_text(json.dumps(rollouts))
     settings = tmp / f"{name}-settings.json"
@@ -119,8 +128,8 @@ def trl(tmp, name, rollouts, policy):
                 generations=GENERATIONS,
                 max_completion=MAX_COMPLETION,
                 lr=LR,
-                beta=LOSSES[name][1],
-                loss=LOSSES[name][0],
+                beta=RUNS[name][3],
+                loss=RUNS[name][2],
                 steps=2,
                 iterations=2,
                 rewards="trl_rewards:spread",
@@ -128,7 +137,8 @@ def trl(tmp, name, rollouts, policy):
         )
     )
     result = subprocess.run(
-        [sys.executable, str(SCENARIOS / "trl_grpo.py"), policy, str(path), str(SMOKE_TOKENIZER), str(settings)],
+        [sys.executable, str(SCENARIOS / "trl_grpo.py"), policy, str(path), str(SMOKE_TOKENIZER), str(settings)]
+        + ([adapter] if adapter else []),
         env=worker_env(TRL_EXPERIMENTAL_SILENCE="1"),
         cwd=REPO,
         capture_output=True,
@@ -149,15 +159,25 @@ def runs(tmp):
     policy = {"native": dense, "v5": dense, "nki_moe": moe}
 
     def both(name):
-        loss, beta = LOSSES[name]
-        ours = launch(tmp, name, VARIANTS[name], INIT_FROM=policy[name], GRPO_LOSS=loss, GRPO_BETA=str(beta))
+        variant, ranks, *_, lora = RUNS[name]
+        checkpoint = tmp / f"{name}-checkpoint"
+        ours = launch(
+            tmp, name, name, INIT_FROM=policy[variant], CHECKPOINT_DIR=str(checkpoint), CHECKPOINT_INTERVAL="1"
+        )
+        adapter = None
+        if lora and not ours.returncode:  # the adapters as the run started: one step's export, its B set to 0
+            adapter = str(tmp / f"{name}-step-1")
+            first = launch(
+                tmp, name, f"{name}-1", INIT_FROM=policy[variant], STEPS="1", EXPORT_DIR=adapter, EXPORT_DTYPE="float32"
+            )
+            ours = ours if first.returncode == 0 else first
         if ours.returncode:
             return ours, None, None
-        rollouts = generation(tmp / f"{name}-checkpoint" / "step-1", VARIANTS[name], records)
-        return ours, rollouts, trl(tmp, name, rollouts, policy[name])
+        rollouts = generation(checkpoint / "step-1", ranks, records)
+        return ours, rollouts, trl(tmp, name, rollouts, policy[variant], adapter)
 
     with ThreadPoolExecutor(2) as pool:
-        found = dict(zip(VARIANTS, pool.map(both, VARIANTS)))
+        found = dict(zip(RUNS, pool.map(both, RUNS)))
     return {"tmp": tmp, "runs": found}
 
 
@@ -171,7 +191,7 @@ def steps(tmp, name) -> list:
     return [r for r in map(json.loads, lines) if "loss" in r]
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("name", list(RUNS))
 def test_two_steps_on_one_generation_are_trls(done, name):
     """Step 1, on the policy that generated: the loss and the gradient norm within 1e-5 relative of TRL's, every
     completion of every rank in one batch. Step 2 trains the same completions after one AdamW step on both sides
@@ -179,8 +199,9 @@ def test_two_steps_on_one_generation_are_trls(done, name):
     loss holds the MoE load-balancing term on both sides."""
     result, rollouts, theirs = done["runs"][name]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + rank_logs(done["tmp"] / name)
+    assert (done["tmp"] / f"{name}-step-1" / "adapter_config.json").exists() == RUNS[name][4]  # a PEFT adapter
     assert sorted(len(r["completions"]) for r in rollouts) == [GENERATIONS] * PROMPTS  # both prompts, every rank's
-    assert theirs["aux"] == (name == "nki_moe")
+    assert theirs["aux"] == (RUNS[name][0] == "nki_moe")
     first, second = steps(done["tmp"], name)
     trl_first, trl_second = theirs["logs"]
     assert (first["step"], second["step"]) == (trl_first["step"], trl_second["step"]) == (1, 2)

@@ -1,7 +1,8 @@
 """TRL's GRPOTrainer on the completions a METHOD=grpo run generated, the same policy, rewards and optimizer
 settings; prints JSON.
 
-argv: policy folder, rollouts .json, tokenizer folder, settings .json.
+argv: policy folder, rollouts .json, tokenizer folder, settings .json[, a PEFT adapter folder: the policy is the base
+with these adapters, their B set to 0 as a LoRA run starts (their A is the run's: a first step leaves A alone)].
 - rollouts: one entry per prompt of the run's first generation, every rank's: {"prompt": the record's prompt,
   "prompt_ids", "completions": [token ids, ...], "logprobs": [the generator's, ...]}. TRL's `rollout_func` hands
   them over in place of its own generation, so both sides train on the same tokens.
@@ -25,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 policy, rollouts_path, tokenizer_folder, settings_path = sys.argv[1:5]
+adapter = sys.argv[5] if len(sys.argv) > 5 else None
 rollouts = json.load(open(rollouts_path))
 settings = json.load(open(settings_path))
 sys.path.insert(0, os.path.dirname(os.path.abspath(rollouts_path)))
@@ -83,8 +85,17 @@ args = GRPOConfig(
     seed=0,
     dataloader_num_workers=0,
 )
+model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+if adapter:
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.zero_()
 trainer = GRPOTrainer(
-    model=AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32),
+    model=model,
     reward_funcs=[reward],
     args=args,
     train_dataset=Dataset.from_list([{"prompt": r["prompt"]} for r in rollouts]),
