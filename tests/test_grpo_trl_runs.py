@@ -79,7 +79,6 @@ def generation(checkpoint, ranks: int, records: list) -> list:
     record, its token ids, and its completions' token ids and the generator's log-probabilities."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from torchtitan.components.loss import IGNORE_INDEX
-
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
     from neuron_qwen3.data.tokens import Encoder

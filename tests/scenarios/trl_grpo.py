@@ -17,7 +17,6 @@ import importlib
 import json
 import os
 import sys
-import tempfile
 
 import torch
 import transformers
@@ -60,7 +59,7 @@ class Logs(transformers.TrainerCallback):
 torch.manual_seed(0)
 completions = sum(len(r["completions"]) for r in rollouts)
 args = GRPOConfig(
-    output_dir=tempfile.mkdtemp(),
+    output_dir=os.path.join(os.path.dirname(os.path.abspath(rollouts_path)), "trl-output"),  # nothing saved
     per_device_train_batch_size=completions,
     gradient_accumulation_steps=1,
     num_generations=settings["generations"],
