@@ -98,6 +98,13 @@ def run_scenario(name: str, *args: str, nproc: int = 1, timeout: int = 300) -> s
     return subprocess.run(cmd, env=worker_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
+def scenario_json(name: str, *args: str, timeout: int = 600):
+    """run_scenario's last line of output, a scenario's JSON answer; its stderr's tail if it failed."""
+    result = run_scenario(name, *args, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def torchrun(nproc: int) -> list:
     """torchrun's command for `nproc` local ranks, its rendezvous on a free local port; the script follows."""
     rendezvous = ["--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0"]

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import REPO, SCENARIOS, random_smoke_model, side_by_side_env, worker_env
+from conftest import REPO, random_smoke_model, scenario_json, side_by_side_env
 from qwen_size import SMOKE_TOKENIZER
 
 pytestmark = pytest.mark.training
@@ -79,26 +79,7 @@ def launch(tmp, name, **env):
 
 
 def trl(policy, reference, pairs):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(SCENARIOS / "trl_dpo.py"),
-            policy,
-            reference,
-            pairs,
-            str(SMOKE_TOKENIZER),
-            str(BETA),
-            str(LR),
-            "sigmoid",
-        ],
-        env=worker_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return scenario_json("trl_dpo", policy, reference, pairs, str(SMOKE_TOKENIZER), str(BETA), str(LR), "sigmoid")
 
 
 def records(tmp, name) -> list:

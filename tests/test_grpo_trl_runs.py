@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import REPO, SCENARIOS, random_smoke_model, rank_logs, side_by_side_env, worker_env
+from conftest import REPO, random_smoke_model, rank_logs, scenario_json, side_by_side_env
 from qwen_size import SMOKE_TOKENIZER
 
 pytestmark = pytest.mark.training
@@ -135,17 +135,7 @@ def trl(tmp, name, rollouts, policy, adapter=None):
             )
         )
     )
-    result = subprocess.run(
-        [sys.executable, str(SCENARIOS / "trl_grpo.py"), policy, str(path), str(SMOKE_TOKENIZER), str(settings)]
-        + ([adapter] if adapter else []),
-        env=worker_env(TRL_EXPERIMENTAL_SILENCE="1"),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return scenario_json("trl_grpo", policy, str(path), str(SMOKE_TOKENIZER), str(settings), *filter(None, [adapter]))
 
 
 @functools.cache
