@@ -7,13 +7,13 @@ with these adapters, their B set to 0 as a LoRA run starts (their A is the run's
   "prompt_ids", "completions": [token ids, ...], "logprobs": [the generator's, ...]}. TRL's `rollout_func` hands
   them over in place of its own generation, so both sides train on the same tokens.
 - settings: {"generations", "max_completion", "lr", "beta", "loss", "steps", "iterations", "rewards": "module:fn"
-  (imported with the rollouts' folder first on the path, as the run imports it beside its data)}.
+  (the module's file lies beside the rollouts, as the run's lies beside its data)}.
 All the completions form one batch (per_device_train_batch_size); AdamW with betas 0.9/0.95, eps 1e-8, no weight
 decay, clip at 1.0, a constant learning rate: torchtitan's settings in the run. Prints {"logs": [each step's logged
 loss, grad_norm and metrics], "aux": whether TRL adds the MoE load-balancing loss}.
 """
 
-import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -28,9 +28,11 @@ policy, rollouts_path, tokenizer_folder, settings_path = sys.argv[1:5]
 adapter = sys.argv[5] if len(sys.argv) > 5 else None
 rollouts = json.load(open(rollouts_path))
 settings = json.load(open(settings_path))
-sys.path.insert(0, os.path.dirname(os.path.abspath(rollouts_path)))
 module, function = settings["rewards"].split(":")
-reward = getattr(importlib.import_module(module), function)
+spec = importlib.util.spec_from_file_location(module, os.path.join(os.path.dirname(rollouts_path), f"{module}.py"))
+rewards = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rewards)
+reward = getattr(rewards, function)
 by_prompt = {json.dumps(r["prompt"]): r for r in rollouts}
 
 
