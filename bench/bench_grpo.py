@@ -10,7 +10,8 @@ generations of exactly --tokens tokens (a random model never says its stop token
 interpreter, with transformers' `generate` for the rollouts. They alternate for --repeats rounds. Per run: the median
 step time after the first two steps, and the median seconds generating per step (ours: the run report's
 grpo/time/generate_s; TRL's: its `_generate`, timed). Printed: both, and ours over TRL's (median and range over
-the rounds).
+the rounds). Activation checkpointing is each side's default (torchtitan's selective, TRL's full), or off on both
+with --no-checkpointing.
 """
 
 import argparse
@@ -59,7 +60,8 @@ def ours(base: str, prompts: str, args, out: str) -> dict:
         "STEPS": str(args.steps),
         "LR": "1e-6",
         "WARMUP_STEPS": "0",
-        "EXTRA_ARGS": f"--training.mixed_precision_param float32 --training.local_batch_size {MICRO_BATCH}",
+        "EXTRA_ARGS": f"--training.mixed_precision_param float32 --training.local_batch_size {MICRO_BATCH}"
+        + ("" if args.checkpointing else " activation_checkpoint:none"),
     }
     result = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True)
     if result.returncode:
@@ -87,7 +89,7 @@ config = GRPOConfig(
     output_dir=out, use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1,
     per_device_train_batch_size={micro}, gradient_accumulation_steps={accumulation}, num_generations={generations},
     max_completion_length=int(tokens), temperature=1.0, learning_rate=1e-6, max_steps=int(steps), seed=0,
-    dataloader_num_workers=0,
+    dataloader_num_workers=0, gradient_checkpointing={checkpointing},
 )
 trainer = GRPOTrainer(
     model=model, reward_funcs=[reward], args=config, train_dataset=data,
@@ -127,6 +129,7 @@ def trl(base: str, prompts: str, tokenizer: str, args, out: str) -> dict:
         accumulation=PER_STEP // MICRO_BATCH,
         generations=GENERATIONS,
         warmup=WARMUP,
+        checkpointing=args.checkpointing,
     )
     folder = os.path.dirname(prompts)
     argv = [base, prompts, folder, tokenizer, str(args.tokens), str(args.steps), out]
@@ -145,6 +148,12 @@ def main() -> None:
     cli.add_argument("--room", type=int, default=96, help="prompt tokens the window leaves beside the completion")
     cli.add_argument("--steps", type=int, default=6)
     cli.add_argument("--repeats", type=int, default=3)
+    cli.add_argument(
+        "--no-checkpointing",
+        dest="checkpointing",
+        action="store_false",
+        help="neither side recomputes activations (default: each side's own, torchtitan's selective and TRL's full)",
+    )
     cli.add_argument("--dir", default=None, help="where the base and the runs go (default: a temporary folder)")
     args = cli.parse_args()
     from neuron_qwen3 import config_registry  # the editable install's, as every bench imports it
@@ -160,7 +169,8 @@ def main() -> None:
             rows["trl"].append(trl(base, prompts, tokenizer, args, os.path.join(root, f"trl-{i}")))
     print(
         f"native SCALE=bench (CPU: bench_cpu), float32, 1 rank; a step: 2 prompts x {GENERATIONS} generations of "
-        f"{args.tokens} tokens, micro-batches of {MICRO_BATCH}; {args.steps} steps x {args.repeats} rounds"
+        f"{args.tokens} tokens, micro-batches of {MICRO_BATCH}; {args.steps} steps x {args.repeats} rounds; "
+        f"activation checkpointing {'each side its default' if args.checkpointing else 'off on both sides'}"
     )
     print(f"{'side':<6}{'step s':>9}{'generate s':>12}{'share':>8}{'tokens':>8}")
     for name, measured in rows.items():
