@@ -3,8 +3,8 @@
 argv: policy folder, reference folder, pairs .jsonl, tokenizer folder, beta, learning rate, loss type.
 All the pairs form one batch (the run under test trains them all in each step). Prints
 {"step0": TRL's metrics on the batch before training (loss with the MoE aux term as TRL adds it, rewards,
-accuracy, logps), "step1_loss": the loss on the batch after one optimizer step (AdamW, betas 0.9/0.95, eps 1e-8,
-no weight decay, clip at 1.0, constant learning rate: torchtitan's settings in the run)}.
+accuracy, logps), "step1_loss": the loss on the batch after one optimizer step (torchtitan's settings in the run:
+trl_as_titan.py)}.
 """
 
 import json
@@ -14,6 +14,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import DPOConfig, DPOTrainer
+from trl_as_titan import OPTIMIZER  # beside this file
 
 policy, reference, pairs, tokenizer_folder, beta, lr, loss_type = sys.argv[1:8]
 records = [json.loads(line) for line in open(pairs) if line.strip()]
@@ -23,24 +24,13 @@ args = DPOConfig(
     beta=float(beta),
     learning_rate=float(lr),
     loss_type=[loss_type],
-    lr_scheduler_type="constant",
     max_steps=1,
     per_device_train_batch_size=len(records),
-    weight_decay=0.0,
-    adam_beta1=0.9,
-    adam_beta2=0.95,
-    adam_epsilon=1e-8,
-    max_grad_norm=1.0,
     max_length=None,
-    report_to=[],
-    use_cpu=True,
-    save_strategy="no",
     logging_strategy="no",
     dataloader_drop_last=False,
-    bf16=False,
-    fp16=False,
-    seed=0,
     data_seed=0,
+    **OPTIMIZER,
 )
 trainer = DPOTrainer(
     model=AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32),

@@ -8,9 +8,9 @@ with these adapters, their B set to 0 as a LoRA run starts (their A is the run's
   them over in place of its own generation, so both sides train on the same tokens.
 - settings: {"generations", "max_completion", "lr", "beta", "loss", "steps", "iterations", "rewards": "module:fn"
   (the module's file lies beside the rollouts, as the run's lies beside its data)}.
-All the completions form one batch (per_device_train_batch_size); AdamW with betas 0.9/0.95, eps 1e-8, no weight
-decay, clip at 1.0, a constant learning rate: torchtitan's settings in the run. Prints {"logs": [each step's logged
-loss, grad_norm and metrics], "aux": whether TRL adds the MoE load-balancing loss}.
+All the completions form one batch (per_device_train_batch_size); the optimizer is torchtitan's settings in the run
+(trl_as_titan.py). Prints {"logs": [each step's logged loss, grad_norm and metrics], "aux": whether TRL adds the
+MoE load-balancing loss}.
 """
 
 import importlib.util
@@ -23,6 +23,7 @@ import transformers
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
+from trl_as_titan import OPTIMIZER  # beside this file
 
 policy, rollouts_path, tokenizer_folder, settings_path = sys.argv[1:5]
 adapter = sys.argv[5] if len(sys.argv) > 5 else None
@@ -70,21 +71,10 @@ args = GRPOConfig(
     beta=settings["beta"],
     loss_type=settings["loss"],
     learning_rate=settings["lr"],
-    lr_scheduler_type="constant",
     max_steps=settings["steps"],
-    weight_decay=0.0,
-    adam_beta1=0.9,
-    adam_beta2=0.95,
-    adam_epsilon=1e-8,
-    max_grad_norm=1.0,
     logging_steps=1,
-    report_to="none",
-    save_strategy="no",
-    use_cpu=True,
-    bf16=False,
-    fp16=False,
-    seed=0,
     dataloader_num_workers=0,
+    **OPTIMIZER,
 )
 model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
 if adapter:
