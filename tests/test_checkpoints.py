@@ -172,3 +172,20 @@ def test_check_moves_nothing(folder):
     os.truncate(data_file(folder / "step-20"), 10)
     latest, lines = checkpoints.prepare(str(folder), node_rank=0, move=False)
     assert latest == 10 and "skipped" in lines[0] and (folder / "step-20").is_dir()
+
+
+def test_the_launch_resumes_from_load_step_when_it_is_given_and_complete(folder, tmp_path):
+    """`--checkpoint.load_step` makes torchtitan load that step instead of the newest: the launcher's line and its
+    checks are about that step too, and a step that is not a complete checkpoint stops the launch."""
+
+    def check(step):
+        env = dict(os.environ, SCALE="smoke", CHECKPOINT_DIR=str(folder), EXTRA_ARGS=f"--checkpoint.load_step={step}")
+        command = [sys.executable, "-m", "entrypoint", "--check"]
+        return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+    assert f"entrypoint: checkpoints: resuming from step 10 in {folder}\n" in check(10).stdout
+    os.remove(folder / "step-10" / ".metadata")
+    for step, why in [(10, "no .metadata: the save did not finish"), (15, "no such folder")]:
+        refused = check(step)
+        assert refused.returncode == 2
+        assert f"--checkpoint.load_step={step}: {folder}/step-{step}: {why}" in refused.stderr, refused.stderr

@@ -311,6 +311,13 @@ def run(request: dict) -> dict:
             answer["problems"].append(str(error))
             return answer
         answer["warnings"] += lines
+        if config.checkpoint.load_step >= 0:  # torchtitan loads that step, not the newest
+            resume = config.checkpoint.load_step
+            folder = os.path.join(config.checkpoint.folder, f"step-{resume}")
+            why = checkpoints.problem(folder) if os.path.isdir(folder) else "no such folder"
+            if why:
+                answer["problems"].append(f"--checkpoint.load_step={resume}: {folder}: {why}")
+                return answer
         answer["lines"].append(
             f"checkpoints: resuming from step {resume} in {config.checkpoint.folder}"
             if resume is not None
