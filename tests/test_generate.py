@@ -6,22 +6,22 @@ transformers made and saved (test_finetune_variants' helpers), in float32. Greed
 with early stops; the generator must run only the shapes its plan announced; the log-probability it records for
 each sampled token must be the training forward's on the finished sequence. Two FSDP ranks with prompts of their
 own run as a torchrun scenario (scenarios/generate_ranks.py); the 2-rank runs through the launcher are
-test_samples.py's. The offline command's answers, and what it refuses: a checkpoint (two launcher runs: one that
-saves it, one that exports it the way the refusal says) and a PEFT adapter folder.
+test_samples.py's. The offline command's answers: from an exported folder, and from a checkpoint (two launcher
+runs save steps 2 and 4; the command exports each through the launcher); what it refuses in one line.
 Run: .venv/bin/python -m pytest tests/test_generate.py -q
 """
 
 import functools
 import json
-import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ANSI, REPO, folder_tensors, run_scenario, worker_env
+from conftest import REPO, folder_tensors, run_scenario, worker_env
 from test_finetune_variants import moe_config, save_dense, save_moe, tensors
 
 from neuron_qwen3.generate.engine import Generator
@@ -253,14 +253,10 @@ def test_the_offline_command_refuses_bad_input_in_one_line(tmp_path):
 
 
 def launch(tmp_path, **env):
-    """The launcher at smoke scale (native, random init, 2 steps, offline, no samples), checkpoints in
+    """The launcher at smoke scale (native, random init, offline, no samples), checkpoints in
     tmp_path/checkpoint."""
     env = worker_env(
-        SCALE="smoke",
-        STEPS="2",
-        CHECKPOINT_DIR=str(tmp_path / "checkpoint"),
-        CACHE_DIR=str(tmp_path / "cache"),
-        **env,
+        SCALE="smoke", CHECKPOINT_DIR=str(tmp_path / "checkpoint"), CACHE_DIR=str(tmp_path / "cache"), **env
     )
     result = subprocess.run(
         [sys.executable, "-m", "entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
@@ -269,30 +265,62 @@ def launch(tmp_path, **env):
     return result
 
 
-def test_a_checkpoint_is_refused_in_one_line_that_says_how_to_export_it_and_that_way_exports_it(tmp_path, capsys):
-    """The offline command reads model folders: a checkpoint (a step folder or the folder of them) and a PEFT
-    adapter folder are one line each, exit 2. The way the checkpoint's line gives, the launcher run again with
-    STEPS at the checkpoint's step and EXPORT_DIR, trains no step and exports the checkpoint's weights: those the
-    run that saved it exported at its end."""
+def offline(tmp_path, model, name, *args, **env):
+    """The offline command on `model` with the bundled prompts, in the launches' environment: (its result, its
+    answers)."""
+    from neuron_qwen3 import config_registry
+
+    out = tmp_path / f"{name}.jsonl"
+    command = [sys.executable, "-m", "neuron_qwen3.generate", str(model), str(config_registry.SMOKE_PROMPTS)]
+    env = worker_env(SCALE="smoke", CACHE_DIR=str(tmp_path / "cache"), **env)
+    result = subprocess.run(
+        [*command, "--out", str(out), "--tokens", "10", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return result, out.read_text() if out.exists() else None
+
+
+def test_a_checkpoint_is_answered_as_its_step_exported(tmp_path, capsys):
+    """A checkpoint is exported by the launcher, in the run's environment, at the step asked for: a step-N folder
+    that is not the newest, or the folder of them (its newest). Its answers are those of the folder the run
+    exported at that step, and its --export-dir holds the same tensors. In another variant's environment the
+    export fails in one line; a PEFT adapter folder and a folder of neither are refused in one line each."""
     from neuron_qwen3.generate.__main__ import main
 
-    launch(tmp_path, OUTPUT_DIR=str(tmp_path / "run"), EXPORT_DIR=str(tmp_path / "at-the-end"))
-    again = launch(tmp_path, OUTPUT_DIR=str(tmp_path / "again"), EXPORT_DIR=str(tmp_path / "from-checkpoint"))
-    assert "checkpoints: resuming from step 2" in again.stdout + again.stderr
-    logs = ANSI.sub("", again.stdout + again.stderr)  # rank 0's log lines among the launcher's
-    assert "Training starts at step 3" in logs and not re.search(r"step:\s+\d", logs), logs  # no step trained
-    exported, trained = folder_tensors(tmp_path / "from-checkpoint"), folder_tensors(tmp_path / "at-the-end")
-    assert exported.keys() == trained.keys()
-    assert all(torch.equal(exported[key], trained[key]) for key in trained)
+    launch(tmp_path, STEPS="2", OUTPUT_DIR=str(tmp_path / "run"), EXPORT_DIR=str(tmp_path / "at-2"))
+    on = launch(tmp_path, STEPS="4", OUTPUT_DIR=str(tmp_path / "run-on"), EXPORT_DIR=str(tmp_path / "at-4"))
+    assert "checkpoints: resuming from step 2" in on.stdout + on.stderr
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["step-2", "step-4"]
+    answers = {step: offline(tmp_path, tmp_path / f"at-{step}", f"at-{step}") for step in (2, 4)}
+    assert all(result.returncode == 0 for result, _ in answers.values())
+    assert answers[2][1] != answers[4][1]  # two steps of training changed the answers' tokens or log-probabilities
+
+    result, found = offline(tmp_path, tmp_path / "checkpoint" / "step-2", "from-2", "--export-dir", tmp_path / "x-2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "checkpoints: resuming from step 2" in result.stderr and found == answers[2][1]
+    exported, trained = folder_tensors(tmp_path / "x-2"), folder_tensors(tmp_path / "at-2")
+    assert exported.keys() == trained.keys() and all(torch.equal(exported[k], trained[k]) for k in trained)
+    result, found = offline(tmp_path, tmp_path / "checkpoint", "from-newest", EPOCHS="1")  # as if an EPOCHS run's
+    assert result.returncode == 0 and found == answers[4][1], result.stderr[-3000:]
+
+    result, found = offline(tmp_path, tmp_path / "checkpoint", "as-v5", VARIANT="v5")
+    assert result.returncode == 2 and found is None
+    assert result.stderr.splitlines()[-1] == (
+        f"neuron_qwen3.generate: {tmp_path}/checkpoint/step-4: the launcher's export of the checkpoint failed "
+        "(exit 1, its output above): run this command in the environment of the run that saved it"
+    )
 
     (tmp_path / "adapter").mkdir()
     (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
     prompts = str(tmp_path / "prompts.jsonl")
+    Path(prompts).write_text("")
     expected = {
-        tmp_path / "checkpoint": "a training checkpoint (step-2), not a model folder: export it first by running "
-        "the launcher again with the run's settings, STEPS=2 and EXPORT_DIR",
-        tmp_path / "checkpoint" / "step-2": "a training checkpoint (step-2)",
         tmp_path / "adapter": "a PEFT adapter folder, not a model folder: export the run with EXPORT_MERGED=1",
+        tmp_path / "run": "neither an exported model folder (no config.json) nor a checkpoint (no step-N)",
     }
     for folder, says in expected.items():
         assert main([str(folder), prompts, "--out", str(tmp_path / "answers.jsonl")]) == 2
