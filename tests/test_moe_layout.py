@@ -25,6 +25,7 @@ from neuron_qwen3.moe.layout import (
     pack_down,
     pack_gate_up,
     presorted_block_layout,
+    presorted_row_experts,
     unit_affinities,
     unpack_down,
     unpack_gate_up,
@@ -225,3 +226,8 @@ def test_unit_affinities_mark_every_routed_slot_and_nothing_else():
     expected[[3, 4], 2] = 1
     assert torch.equal(dense, expected)  # the spare row 5 and the padding row 6 stay zero
     assert isinstance(layout, BlockLayout) and layout.num_tokens == 6
+
+
+def test_each_rows_expert_and_the_rows_of_none():
+    counts = torch.tensor([2, 0, 3, 1])
+    assert presorted_row_experts(counts, 8).tolist() == [0, 0, 2, 2, 2, 3, 4, 4]  # rows past the counts: E

@@ -6,7 +6,8 @@ Every limit of both kernels, one case each, and the checks at model build; impor
 reference never touches a Neuron package; forcing the NKI path off Neuron fails with a clear ImportError;
 and the NKI path's plumbing runs end to end with stand-in `torch_neuronx`, `nki` and `nkilib` modules
 whose kernels keep nkilib's documented contracts (the call pattern included: an own
-`@nki.jit(mode="trace")` function, flat scalars through `wrap_nki(fn)[lnc](**kwargs)`).
+`@nki.jit(mode="trace")` function, flat scalars through `wrap_nki(fn)[lnc](**kwargs)`): training through
+moe_cte and blockwise_mm_bwd, a decode step's rows through moe_tkg.
 """
 
 import dataclasses
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 from conftest import REPO, RECIPES
-from test_nki_experts import FP32, assert_same_as_torchtitan, make_pair
+from test_nki_experts import BF16, FP32, assert_same_as_torchtitan, make_pair, scale_close
 
 from neuron_qwen3 import config_registry
 from neuron_qwen3.moe import experts, nki_kernels
@@ -33,9 +34,9 @@ LIMIT = {text.split(": ", 1)[1]: text for text, _ in nki_kernels.KERNEL_LIMITS}
 
 @pytest.fixture(autouse=True)
 def _clean():
-    nki_kernels._kernel_ops.cache_clear()
+    nki_kernels._kernel_ops.cache_clear(), nki_kernels._decode_op.cache_clear()
     yield
-    nki_kernels._kernel_ops.cache_clear()
+    nki_kernels._kernel_ops.cache_clear(), nki_kernels._decode_op.cache_clear()
 
 
 @pytest.fixture
@@ -280,6 +281,14 @@ def stand_in_neuron_packages(calls: list) -> dict:
         _, vjp = torch.func.vjp(out_of, hidden_states, expert_affinities_masked, gate_up_proj_weight, down_proj_weight)
         return vjp(output_hidden_states_grad)
 
+    ActFnType = enum.Enum("ActFnType", ["SiLU", "GELU", "GELU_Tanh_Approx", "Swish"])
+    ExpertAffinityScaleMode = enum.Enum("ExpertAffinityScaleMode", ["NO_SCALE", "POST_SCALE", "PRE_SCALE"])
+
+    def moe_tkg(*, is_all_expert, expert_affinities_scaling_mode, activation_fn, **tensors):
+        calls.append(("moe_tkg", is_all_expert, expert_affinities_scaling_mode.name, activation_fn.name))
+        assert (is_all_expert, activation_fn) == (False, ActFnType.SiLU)
+        return stand_in_moe_tkg(**tensors, post_scale=expert_affinities_scaling_mode.name == "POST_SCALE")
+
     modules = {
         name: types.ModuleType(name)
         for name in (
@@ -289,6 +298,10 @@ def stand_in_neuron_packages(calls: list) -> dict:
             "nkilib.core",
             "nkilib.core.moe",
             "nkilib.core.moe.moe_cte",
+            "nkilib.core.moe.moe_tkg",
+            "nkilib.core.moe.moe_tkg.moe_tkg",
+            "nkilib.core.utils",
+            "nkilib.core.utils.common_types",
             "nkilib.experimental",
             "nkilib.experimental.moe",
             "nkilib.experimental.moe.bwd",
@@ -306,7 +319,32 @@ def stand_in_neuron_packages(calls: list) -> dict:
         moe_cte,
     )
     modules["nkilib.experimental.moe.bwd.blockwise_mm_backward"].blockwise_mm_bwd = blockwise_mm_bwd
+    modules["nkilib.core.moe.moe_tkg.moe_tkg"].moe_tkg = moe_tkg
+    types_module = modules["nkilib.core.utils.common_types"]
+    types_module.ActFnType, types_module.ExpertAffinityScaleMode = ActFnType, ExpertAffinityScaleMode
     return modules
+
+
+def stand_in_moe_tkg(
+    hidden_input, expert_gate_up_weights, expert_down_weights, expert_affinities, expert_index, post_scale
+):
+    """moe_tkg's documented contract with selective experts: each token through each of its K experts (SiLU MLP on
+    the packed weights), scaled by its affinity for that expert under POST_SCALE, summed; the inputs it asserts
+    (T <= 128, unquantized 16-bit rows and weights, [T, E] affinities, [T, K] int32 indices)."""
+    tokens, hidden_dim = hidden_input.shape
+    num_experts = expert_gate_up_weights.shape[0]
+    assert tokens <= 128 and hidden_input.dtype in (torch.bfloat16, torch.float16)
+    assert expert_gate_up_weights.dtype == expert_down_weights.dtype == hidden_input.dtype
+    assert expert_affinities.shape == (tokens, num_experts) and expert_affinities.dtype == torch.float32
+    assert expert_index.shape[0] == tokens and expert_index.dtype == torch.int32
+    out = torch.zeros(tokens, hidden_dim)
+    for t in range(tokens):
+        for e in expert_index[t].tolist():
+            x = hidden_input[t].float()
+            gate, up = x @ expert_gate_up_weights[e, :, 0].float(), x @ expert_gate_up_weights[e, :, 1].float()
+            down = (torch.nn.functional.silu(gate) * up) @ expert_down_weights[e].float()
+            out[t] += down * expert_affinities[t, e] if post_scale else down
+    return out.to(hidden_input.dtype)
 
 
 def test_nki_path_plumbing_with_stand_in_neuron_packages(monkeypatch, titan_in_fp32):
@@ -362,3 +400,51 @@ def test_each_lnc_registers_its_own_ops(monkeypatch):
     nki_kernels._kernel_ops(2)
     nki_kernels._kernel_ops(1)
     assert len(registered) == 4 and len(set(registered)) == 4
+
+
+def test_decode_fits_moe_tkgs_limits():
+    assert nki_kernels.decode_fits(128, 512, torch.bfloat16, 2) and nki_kernels.decode_fits(1, 384, torch.float16, 1)
+    assert not nki_kernels.decode_fits(129, 512, torch.bfloat16, 2)  # T <= 128
+    assert not nki_kernels.decode_fits(8, 512, torch.float32, 2)  # 16-bit inputs only
+    assert not nki_kernels.decode_fits(8, 384, torch.bfloat16, 2)  # H / 128 split over the LNC's two cores
+
+
+def test_a_decode_step_runs_moe_tkg_on_its_rows_and_training_the_blockwise_kernels(monkeypatch):
+    """Without autograd and with rows moe_tkg takes, the experts are moe_tkg on the rows themselves: torchtitan's
+    GroupedExperts' output (bf16), and zero for rows past the counts as in the blockwise path. With autograd, or more
+    rows than moe_tkg takes, the same module runs moe_cte."""
+    calls = []
+    for name, module in stand_in_neuron_packages(calls).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    counts = torch.tensor([5, 0, 3, 2])  # the smoke MoE's H 512 and I 64; an idle expert
+    titan, nki = make_pair(512, 64, len(counts), 256, "bfloat16", kernel="nki")
+    x = torch.randn(12, 512, generator=torch.Generator().manual_seed(3))  # 2 rows past the counts
+    with torch.no_grad():
+        out = nki(x, counts)
+        expected = titan(x[:10], counts)
+    assert [c[0] for c in calls if c[0] in ("moe_tkg", "grid")] == ["grid", "moe_tkg"]
+    assert ("grid", "moe_tkg_decode", 2) in calls and ("moe_tkg", False, "POST_SCALE", "SiLU") in calls
+    scale_close(out[:10], expected, BF16["output"])
+    assert not out[10:].any() and nki.block_rows == 12
+
+    calls.clear()
+    out = nki(x[:10], counts)  # autograd on: the training kernel
+    assert ("grid", "moe_cte_training", 2) in calls and not any(c[0] == "moe_tkg" for c in calls)
+    scale_close(out.detach(), expected, BF16["output"])
+    calls.clear()
+    many = torch.tensor([100, 0, 29, 0])
+    with torch.no_grad():
+        nki(torch.randn(129, 512), many)  # one row more than moe_tkg takes
+    assert ("grid", "moe_cte_training", 2) in calls and not any(c[0] == "moe_tkg" for c in calls)
+
+
+def test_stand_in_moe_tkg_reads_the_packed_layout_and_scales_after_the_expert():
+    gen = torch.Generator().manual_seed(0)
+    w1, w3, w2 = (torch.randn(shape, generator=gen) for shape in ((2, 8, 4), (2, 8, 4), (2, 4, 8)))
+    x = torch.randn(3, 4, generator=gen)
+    affinities = torch.tensor([[0.0, 0.5], [0.0, 1.0], [0.0, 2.0]])
+    out = stand_in_moe_tkg(
+        x.half(), pack_gate_up(w1, w3).half(), pack_down(w2).half(), affinities, torch.ones(3, 1).int(), True
+    )
+    expected = (torch.nn.functional.silu(x @ w1[1].T) * (x @ w3[1].T)) @ w2[1].T * affinities[:, 1:]
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import REPO, launcher_at
 from test_attention_nki import stand_in_neuron_packages as stand_in_attention_packages
@@ -77,9 +78,9 @@ def stand_in_kernels(monkeypatch):
     calls = []
     for name, module in stand_in_neuron_packages(calls).items():
         monkeypatch.setitem(sys.modules, name, module)
-    nki_kernels._kernel_ops.cache_clear()
+    nki_kernels._kernel_ops.cache_clear(), nki_kernels._decode_op.cache_clear()
     yield sys.modules["nkilib.core.moe.moe_cte"]
-    nki_kernels._kernel_ops.cache_clear()
+    nki_kernels._kernel_ops.cache_clear(), nki_kernels._decode_op.cache_clear()
 
 
 def test_kernel_comparison_passes_within_the_cpu_tolerances(stand_in_kernels):
@@ -97,6 +98,24 @@ def test_kernel_comparison_fails_on_a_wrong_kernel(stand_in_kernels, monkeypatch
     monkeypatch.setattr(stand_in_kernels, "moe_cte", off_by_five_percent)
     with pytest.raises(selftest.Failed, match=r"output error 5\.\de-02 \(tolerance 0.01\)"):
         selftest.compare_kernels(selftest.SHAPES[0], "cpu")
+
+
+def test_decode_comparison_passes_and_fails_on_a_wrong_kernel(stand_in_kernels, monkeypatch):
+    rows = selftest.DECODE_SLOTS * selftest.SHAPES[0].top_k
+    verdict = selftest.compare_decode(selftest.SHAPES[0], "cpu")  # moe_tkg through the stand-ins on CPU
+    assert verdict.startswith(f"decode H=512 I=64 E=4 {rows} rows: output error ") and "(tolerance 0.01)" in verdict
+    module = sys.modules["nkilib.core.moe.moe_tkg.moe_tkg"]
+    right = module.moe_tkg
+    monkeypatch.setattr(module, "moe_tkg", lambda **kwargs: right(**kwargs) * 1.05)
+    nki_kernels._decode_op.cache_clear()  # the op took the kernel from its module when it was built
+    with pytest.raises(selftest.Failed, match=r"output error (4\.9|5\.\d)e-02 \(tolerance 0.01\)"):
+        selftest.compare_decode(selftest.SHAPES[0], "cpu")
+
+
+def test_every_moe_shape_fits_the_decode_kernel_at_each_lnc():
+    for shape in selftest.SHAPES:
+        for lnc in selftest.LNC_ORDER:
+            assert nki_kernels.decode_fits(selftest.DECODE_SLOTS * shape.top_k, shape.dim, torch.bfloat16, lnc)
 
 
 @pytest.fixture

@@ -24,7 +24,9 @@ The last two outputs are the activation checkpoints the backward consumes, in th
 weight gradients. Elsewhere it runs reference.py, the same blocked computation in PyTorch.
 The Config's `kernel` (auto|nki|reference; the trainer sets it from `--neuron.moe_kernel`) picks the path
 (auto: nki on neuron devices); the model build checks the shapes against every limit of the kernels when the path
-will be nki.
+will be nki. On that path a forward without autograd whose rows fit nkilib's token-generation kernel (a
+generator's decode step: a few rows per expert, up to 128 in all) runs `moe_tkg` on the rows themselves instead of
+blocks of `block_size` rows per expert (nki_kernels.decode_fits).
 
 How it replaces torchtitan's GroupedExperts (torchtitan/models/common/moe.py): RoutedExperts calls
 `inner_experts(x_RD, num_tokens_per_expert_E)` with the routed rows already sorted by expert
@@ -54,6 +56,7 @@ from neuron_qwen3.moe.layout import (
     ExpertWeights,
     max_num_blocks,
     presorted_block_layout,
+    presorted_row_experts,
     unit_affinities,
 )
 from neuron_qwen3.moe.reference import reference_backward, reference_forward
@@ -277,17 +280,19 @@ class NKIGroupedExperts(GroupedExperts):
 
         num_rows, dim = x_RD.shape
         num_experts = w1_EFD.shape[0]
-        static = self.block_count == "static" or (
-            self.block_count == "auto"
-            and (kernel_path(self.kernel, x_RD.device.type) == "nki" or torch.compiler.is_compiling())
-        )
+        dtype = self.compute_dtype
+        weights = ExpertWeights(w1_EFD.to(dtype), w3_EFD.to(dtype), w2_EDF.to(dtype))
+        nki = kernel_path(self.kernel, x_RD.device.type) == "nki"
+        if nki and not torch.is_grad_enabled() and nki_kernels.decode_fits(num_rows, dim, dtype, self.lnc):
+            self.block_rows = num_rows
+            expert_of_row = presorted_row_experts(num_tokens_per_expert_E, num_rows)
+            return nki_kernels.moe_tkg_forward(x_RD.to(dtype), expert_of_row, weights, self.lnc).type_as(x_RD)
+        static = self.block_count == "static" or (self.block_count == "auto" and (nki or torch.compiler.is_compiling()))
         num_blocks = max_num_blocks(num_rows, num_experts, self.block_size) if static else None
         layout = presorted_block_layout(num_tokens_per_expert_E, num_rows, self.block_size, num_blocks)
         self.block_rows = layout.block_to_expert.shape[0] * self.block_size  # what the kernel computes (a shape)
 
-        dtype = self.compute_dtype
         hidden_T1H = torch.cat([x_RD.to(dtype), x_RD.new_zeros(1, dim, dtype=dtype)])
-        weights = ExpertWeights(w1_EFD.to(dtype), w3_EFD.to(dtype), w2_EDF.to(dtype))
         out_RD = blockwise_moe_experts(
             hidden_T1H, unit_affinities(layout, num_experts, dtype), weights, layout, self.kernel, self.lnc
         )

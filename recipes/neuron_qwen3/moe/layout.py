@@ -185,6 +185,13 @@ def presorted_block_layout(
     return build_block_layout(row_ids_S, num_tokens_per_expert_E, num_rows, block_size, num_blocks)
 
 
+def presorted_row_experts(num_tokens_per_expert_E: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """Each row's expert [R] for rows grouped by expert, as presorted_block_layout reads them; E (no expert) for
+    the rows past sum(counts). A static shape: searchsorted, no host sync."""
+    end_E = torch.cumsum(num_tokens_per_expert_E, 0)
+    return torch.searchsorted(end_E, torch.arange(num_rows, device=end_E.device, dtype=end_E.dtype), right=True)
+
+
 # ---- affinities --------------------------------------------------------------------------------
 
 

@@ -1,9 +1,10 @@
-"""The Neuron seam: nkilib's blockwise MoE kernels as torch ops on TorchNeuron, and their shape limits.
+"""The Neuron seam: nkilib's blockwise MoE kernels, and its token-generation MoE kernel, as torch ops on TorchNeuron,
+and their shape limits.
 
 The only module of moe/ that touches `torch_neuronx`, `nki` (through neuron_sdk.py) or `nkilib`, and only inside
-functions: importing it is free anywhere. `experts.py` calls `moe_cte_forward` and
-`blockwise_mm_backward` when its op runs on a `neuron` device (or when its kernel is forced to nki);
-off Neuron they raise ImportError naming the missing package.
+functions: importing it is free anywhere. `experts.py` calls `moe_cte_forward` and `blockwise_mm_backward` when its
+op runs on a `neuron` device (or when its kernel is forced to nki), and `moe_tkg_forward` there for a generator's
+decode step (no autograd, rows that `decode_fits`); off Neuron they raise ImportError naming the missing package.
 
     forward:  nkilib.core.moe.moe_cte.moe_cte, implementation shard_on_i with
               checkpoint_activation=True -> (out [T+1, H], gate_up_activations_T [N, 2, I, B],
@@ -12,6 +13,11 @@ off Neuron they raise ImportError naming the missing package.
     backward: nkilib.experimental.moe.bwd.blockwise_mm_backward.blockwise_mm_bwd (dropless), fed
               the two checkpoints -> grads of hidden_states [T+1, H], affinities [(T+1)*E, 1],
               gate_up_proj_weight [E, H, 2, I], down_proj_weight [E, I, H].
+    decode:   nkilib.core.moe.moe_tkg.moe_tkg.moe_tkg, selective experts (is_all_expert=False), bf16, each
+              routed row one "token" with K=1: expert_index [R, 1] int32 its expert, expert_affinities [R, E]
+              fp32 one-hot (as nkilib's selective tests give them), POST_SCALE, SiLU -> out [R, H]. The
+              training kernel would compute a block of 256 rows for each expert a decode step routes to; this
+              one computes the R rows.
 
 The forward is called the way AWS's own torch wrapper of moe_cte calls it (vllm-neuron): flat
 scalars and the implementation enum go into our own `@nki.jit(mode="trace")` function, which builds
@@ -29,7 +35,11 @@ UNCONFIRMED until then:
     [T, H]; nkilib's tests and the JAX integrations pass T+1 rows with a zero last row, as here);
   * the dtype the kernels want for expert_affinities_masked (we pass the compute dtype, bf16);
   * whether torch.compile(backend="neuron") lowers our outer torch.library op, whose eager
-    implementation calls these nki_op ops (eager mode calls them directly either way).
+    implementation calls these nki_op ops (eager mode calls them directly either way);
+  * moe_tkg in selective mode with bf16 rows and weights (nkilib tests it in fp16 from HBM, in bf16 from SBUF),
+    with up to 128 rows (its documented limit; its selective tests go to 32), and at LNC 1 (its tests use 2).
+The decode op packs every expert's weights at each call, as the training ops do: a copy of the layer's experts
+per decode step, which a generation round could keep instead.
 """
 
 import functools
@@ -47,7 +57,14 @@ from neuron_qwen3.moe.layout import (
     unpack_gate_up,
 )
 
-__all__ = ["KERNEL_LIMITS", "blockwise_mm_backward", "check_kernel_shapes", "moe_cte_forward"]
+__all__ = [
+    "KERNEL_LIMITS",
+    "blockwise_mm_backward",
+    "check_kernel_shapes",
+    "decode_fits",
+    "moe_cte_forward",
+    "moe_tkg_forward",
+]
 
 BWD_BLOCK_SIZES = (128, 256, 512, 1024)
 DMA_TRANSPOSE_MULTIPLE = 32
@@ -84,6 +101,16 @@ def check_kernel_shapes(hidden_dim: int, intermediate_dim: int, block_size: int,
             f"nki_moe kernels cannot take H={hidden_dim}, I={intermediate_dim}, B={block_size}, "
             f"LNC={lnc}: needs " + "; ".join(broken)
         )
+
+
+DECODE_MAX_ROWS = 128  # moe_tkg's T <= 128
+DECODE_DTYPES = (torch.bfloat16, torch.float16)  # moe_tkg's unquantized inputs
+H_TILE = 128  # moe_tkg loads the hidden states as [128, T, H / 128], split over the LNC's cores when T is 1
+
+
+def decode_fits(rows: int, hidden_dim: int, dtype: torch.dtype, lnc: int) -> bool:
+    """Whether moe_tkg takes a decode step's routed rows; where it does not, the training kernel computes them."""
+    return rows <= DECODE_MAX_ROWS and dtype in DECODE_DTYPES and hidden_dim % (H_TILE * lnc) == 0
 
 
 SEAM = neuron_sdk.Seam("nki_moe kernel path", "the experts run", "NEURON_QWEN3_MOE_KERNEL")
@@ -182,6 +209,68 @@ def _kernel_ops(lnc: int):
         )
 
     return moe_cte_op, blockwise_mm_bwd_op
+
+
+@functools.cache
+def _decode_op(lnc: int):
+    """Import the Neuron packages and register moe_tkg as a torch op (once per process and LNC)."""
+    nki_op, wrap_nki, nki = SEAM.torch_neuronx_and_nki()
+    try:
+        from nkilib.core.moe.moe_tkg.moe_tkg import moe_tkg
+        from nkilib.core.utils.common_types import ActFnType, ExpertAffinityScaleMode
+    except ImportError as e:
+        raise SEAM.missing("nkilib", "neuronx-cc, which bundles nkilib", e) from e
+
+    @nki.jit(mode="trace")
+    def moe_tkg_decode(hidden_input, expert_gate_up_weights, expert_down_weights, expert_affinities, expert_index):
+        """moe_tkg, selective, its enums chosen inside the trace."""
+        return moe_tkg(
+            hidden_input=hidden_input,
+            expert_gate_up_weights=expert_gate_up_weights,
+            expert_down_weights=expert_down_weights,
+            expert_affinities=expert_affinities,
+            expert_index=expert_index,
+            is_all_expert=False,
+            expert_affinities_scaling_mode=ExpertAffinityScaleMode.POST_SCALE,
+            activation_fn=ActFnType.SiLU,
+        )
+
+    @nki_op(f"neuron_qwen3_nki::moe_tkg_lnc{lnc}", mutates_args={})
+    def moe_tkg_op(
+        hidden_input: torch.Tensor,
+        expert_gate_up_weights: torch.Tensor,
+        expert_down_weights: torch.Tensor,
+        expert_affinities: torch.Tensor,
+        expert_index: torch.Tensor,
+    ) -> torch.Tensor:
+        return wrap_nki(moe_tkg_decode)[lnc](
+            hidden_input=hidden_input,
+            expert_gate_up_weights=expert_gate_up_weights,
+            expert_down_weights=expert_down_weights,
+            expert_affinities=expert_affinities,
+            expert_index=expert_index,
+        )
+
+    return moe_tkg_op
+
+
+def moe_tkg_forward(x_RH: torch.Tensor, expert_of_row: torch.Tensor, weights: ExpertWeights, lnc: int) -> torch.Tensor:
+    """moe_tkg on routed rows: out [R, H], row r through expert expert_of_row[r] (E: none, a zero row), with no
+    routing weight (torchtitan's combine applies it after the experts)."""
+    rows, hidden_dim = x_RH.shape
+    assert decode_fits(rows, hidden_dim, x_RH.dtype, lnc), (
+        f"moe_tkg cannot take {rows} rows of {hidden_dim} {x_RH.dtype}"
+    )
+    num_experts = weights.w1_EFD.shape[0]
+    # a row of no expert (expert_of_row E) gets affinity 0 at expert E - 1: zero, as in the blockwise path
+    affinities = torch.nn.functional.one_hot(expert_of_row.long(), num_experts + 1)[:, :num_experts].float()
+    return _decode_op(lnc)(
+        x_RH,
+        pack_gate_up(weights.w1_EFD, weights.w3_EFD),
+        pack_down(weights.w2_EDF),
+        affinities,
+        expert_of_row.clamp(max=num_experts - 1).to(torch.int32)[:, None],
+    )
 
 
 def _checked(weights: ExpertWeights, layout: BlockLayout, lnc: int) -> None:

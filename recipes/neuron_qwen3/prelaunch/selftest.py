@@ -1,9 +1,10 @@
 """`--self-test` on a trn2: one verdict line per check, after the launcher's own line for the devices it found.
 
     runtime      torch_neuronx imports and a tensor round-trips through a NeuronCore
-    nki_moe      the NKI MoE forward and backward against the PyTorch reference on shapes the kernels take, at
-                 LNC 2 and LNC 1 (a process each: the runtime reads the LNC once), every error printed against the
-                 bf16 tolerance the CPU tests hold the reference to
+    nki_moe      the NKI MoE forward and backward, and a decode step's rows through the token-generation kernel,
+                 against the PyTorch reference on shapes the kernels take, at LNC 2 and LNC 1 (a process each: the
+                 runtime reads the LNC once), every error printed against the bf16 tolerance the CPU tests hold the
+                 reference to
     attention    nkilib's attention forward and backward (attention/nki_kernels.py) against the PyTorch reference
                  on packed windows of several documents, the smoke model's heads and Qwen3-4B's, at LNC 2 and
                  LNC 1 (a process each), every error printed against ATTENTION_TOLERANCE
@@ -59,6 +60,7 @@ SHAPES = (
         256,
     ),
 )
+DECODE_SLOTS = 8  # a generator's decode step: one token per slot, each routed to top_k experts
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,48 @@ def relative_error(actual, expected) -> float:
     return float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-30))
 
 
+def random_experts(shape: Shape, rows: int, gen) -> tuple:
+    """(tokens per expert, `rows` routed rows [rows, H], ExpertWeights), random, bf16, rows grouped by expert."""
+    import torch
+
+    from neuron_qwen3.moe.layout import ExpertWeights
+
+    counts = torch.bincount(torch.randint(0, shape.experts, (rows,), generator=gen), minlength=shape.experts)
+    x = torch.randn(rows, shape.dim, generator=gen).to(torch.bfloat16)
+    weights = ExpertWeights(
+        *(
+            torch.randn(shape.experts, *dims, generator=gen).div(dims[1] ** 0.5).to(torch.bfloat16)
+            for dims in ((shape.hidden, shape.dim), (shape.hidden, shape.dim), (shape.dim, shape.hidden))
+        )
+    )
+    return counts, x, weights
+
+
+def compare_decode(shape: Shape, device: str, lnc: int = 2, seed: int = 0) -> str:
+    """A decode step's routed rows through moe_tkg on `device` against reference_forward on CPU, in bf16."""
+    import torch
+
+    from neuron_qwen3.moe import nki_kernels
+    from neuron_qwen3.moe.layout import ExpertWeights, presorted_block_layout, presorted_row_experts, unit_affinities
+    from neuron_qwen3.moe.reference import TOLERANCE, reference_forward
+
+    gen = torch.Generator().manual_seed(seed)
+    rows = DECODE_SLOTS * shape.top_k
+    counts, x, weights = random_experts(shape, rows, gen)
+    layout = presorted_block_layout(counts, rows, shape.block_size)
+    padded = torch.cat([x, torch.zeros(1, shape.dim, dtype=x.dtype)])
+    ref_out, *_ = reference_forward(padded, unit_affinities(layout, shape.experts, x.dtype), weights, layout)
+    on_device = ExpertWeights(*(w.to(device) for w in (weights.w1_EFD, weights.w3_EFD, weights.w2_EDF)))
+    out = nki_kernels.moe_tkg_forward(x.to(device), presorted_row_experts(counts, rows).to(device), on_device, lnc)
+    tolerance = TOLERANCE["bfloat16"]["output"]
+    error = relative_error(out, ref_out)
+    verdict = f"decode H={shape.dim} I={shape.hidden} E={shape.experts} {rows} rows: output error {error:.1e} "
+    verdict += f"(tolerance {tolerance:g})"
+    if not error <= tolerance:
+        raise Failed(verdict)
+    return verdict
+
+
 def compare_kernels(shape: Shape, device: str, lnc: int = 2, seed: int = 0) -> str:
     """The op on `device` (the NKI kernels on Neuron) against reference_forward/backward on CPU, in bf16."""
     import torch
@@ -131,18 +175,12 @@ def compare_kernels(shape: Shape, device: str, lnc: int = 2, seed: int = 0) -> s
 
     gen = torch.Generator().manual_seed(seed)
     rows = shape.tokens * shape.top_k
-    counts = torch.bincount(torch.randint(0, shape.experts, (rows,), generator=gen), minlength=shape.experts)
+    counts, x, weights = random_experts(shape, rows, gen)
     layout = presorted_block_layout(
         counts, rows, shape.block_size, max_num_blocks(rows, shape.experts, shape.block_size)
     )
     dtype = torch.bfloat16
-    x = torch.cat([torch.randn(rows, shape.dim, generator=gen), torch.zeros(1, shape.dim)]).to(dtype)
-    weights = ExpertWeights(
-        *(
-            torch.randn(shape.experts, *dims, generator=gen).div(dims[1] ** 0.5).to(dtype)
-            for dims in ((shape.hidden, shape.dim), (shape.hidden, shape.dim), (shape.dim, shape.hidden))
-        )
-    )
+    x = torch.cat([x, torch.zeros(1, shape.dim, dtype=dtype)])  # the kernels' padding row
     affinities = unit_affinities(layout, shape.experts, dtype)
     grad_out = torch.randn(rows, shape.dim, generator=gen).to(dtype)
 
@@ -217,7 +255,8 @@ def kernel_checks(lnc: int) -> str:
     """`nki_moe LNC`, in this process: every shape at this LNC (the runtime's, set by check_kernels)."""
     import torch_neuronx  # noqa: F401  the neuron device, before the kernels' tensors need it
 
-    return "; ".join(compare_kernels(shape, "neuron", lnc) for shape in SHAPES)
+    verdicts = [compare_kernels(shape, "neuron", lnc) for shape in SHAPES]
+    return "; ".join(verdicts + [compare_decode(shape, "neuron", lnc) for shape in SHAPES])
 
 
 def attention_checks(lnc: int) -> str:
