@@ -10,8 +10,8 @@ round. Positions past a slot's length hold stale or padding entries; the mask ne
 The model's own attention modules do the projections, norms and RoPE; only the step after RoPE is replaced:
 torchtitan's `inner_attention` (CacheAttention) or transformers' attention function (hf_cache_attention). The
 maths is causal softmax attention with GQA in float32, on every device. nkilib's token-generation attention
-(attention_tkg) is not a kernel but a function other NKI kernels call, with their SBUF allocator, one KV head at a
-time: wiring it into this seam means an NKI kernel of our own around it, to be compiled and checked on a trn2.
+(attention_tkg) is a building block NKI kernels call with their SBUF allocator, one KV head at a time, the step's
+keys apart from the cache: wiring it here means an NKI kernel of our own around it, checked on a trn2.
 """
 
 import contextlib
