@@ -78,9 +78,9 @@ def stand_in_kernels(monkeypatch):
     calls = []
     for name, module in stand_in_neuron_packages(calls).items():
         monkeypatch.setitem(sys.modules, name, module)
-    nki_kernels._kernel_ops.cache_clear(), nki_kernels._decode_op.cache_clear()
+    nki_kernels._kernel_ops.cache_clear()
     yield sys.modules["nkilib.core.moe.moe_cte"]
-    nki_kernels._kernel_ops.cache_clear(), nki_kernels._decode_op.cache_clear()
+    nki_kernels._kernel_ops.cache_clear()
 
 
 def test_kernel_comparison_passes_within_the_cpu_tolerances(stand_in_kernels):
@@ -107,7 +107,7 @@ def test_decode_comparison_passes_and_fails_on_a_wrong_kernel(stand_in_kernels, 
     module = sys.modules["nkilib.core.moe.moe_tkg.moe_tkg"]
     right = module.moe_tkg
     monkeypatch.setattr(module, "moe_tkg", lambda **kwargs: right(**kwargs) * 1.05)
-    nki_kernels._decode_op.cache_clear()  # the op took the kernel from its module when it was built
+    nki_kernels._kernel_ops.cache_clear()  # the op took the kernel from its module when it was built
     with pytest.raises(selftest.Failed, match=r"output error (4\.9|5\.\d)e-02 \(tolerance 0.01\)"):
         selftest.compare_decode(selftest.SHAPES[0], "cpu")
 

@@ -43,6 +43,7 @@ per decode step, which a generation round could keep instead.
 """
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -116,12 +117,22 @@ def decode_fits(rows: int, hidden_dim: int, dtype: torch.dtype, lnc: int) -> boo
 SEAM = neuron_sdk.Seam("nki_moe kernel path", "the experts run", "NEURON_QWEN3_MOE_KERNEL")
 
 
+class KernelOps(NamedTuple):
+    """The three kernels as torch ops, each built for one LNC."""
+
+    moe_cte: object
+    blockwise_mm_bwd: object
+    moe_tkg: object
+
+
 @functools.cache
-def _kernel_ops(lnc: int):
-    """Import the Neuron packages and register the two kernels as torch ops (once per process and LNC)."""
+def _kernel_ops(lnc: int) -> KernelOps:
+    """Import the Neuron packages and register the three kernels as torch ops (once per process and LNC)."""
     nki_op, wrap_nki, nki = SEAM.torch_neuronx_and_nki()
     try:
         from nkilib.core.moe.moe_cte import MoECTEImplementation, MoECTESpec, ShardOnIConfig, moe_cte
+        from nkilib.core.moe.moe_tkg.moe_tkg import moe_tkg
+        from nkilib.core.utils.common_types import ActFnType, ExpertAffinityScaleMode
         from nkilib.experimental.moe.bwd.blockwise_mm_backward import blockwise_mm_bwd
     except ImportError as e:
         raise SEAM.missing("nkilib", "neuronx-cc, which bundles nkilib", e) from e
@@ -208,19 +219,6 @@ def _kernel_ops(lnc: int):
             block_size=block_size,
         )
 
-    return moe_cte_op, blockwise_mm_bwd_op
-
-
-@functools.cache
-def _decode_op(lnc: int):
-    """Import the Neuron packages and register moe_tkg as a torch op (once per process and LNC)."""
-    nki_op, wrap_nki, nki = SEAM.torch_neuronx_and_nki()
-    try:
-        from nkilib.core.moe.moe_tkg.moe_tkg import moe_tkg
-        from nkilib.core.utils.common_types import ActFnType, ExpertAffinityScaleMode
-    except ImportError as e:
-        raise SEAM.missing("nkilib", "neuronx-cc, which bundles nkilib", e) from e
-
     @nki.jit(mode="trace")
     def moe_tkg_decode(hidden_input, expert_gate_up_weights, expert_down_weights, expert_affinities, expert_index):
         """moe_tkg, selective, its enums chosen inside the trace."""
@@ -251,7 +249,7 @@ def _decode_op(lnc: int):
             expert_index=expert_index,
         )
 
-    return moe_tkg_op
+    return KernelOps(moe_cte_op, blockwise_mm_bwd_op, moe_tkg_op)
 
 
 def moe_tkg_forward(x_RH: torch.Tensor, expert_of_row: torch.Tensor, weights: ExpertWeights, lnc: int) -> torch.Tensor:
@@ -264,7 +262,7 @@ def moe_tkg_forward(x_RH: torch.Tensor, expert_of_row: torch.Tensor, weights: Ex
     num_experts = weights.w1_EFD.shape[0]
     # a row of no expert (expert_of_row E) gets affinity 0 at expert E - 1: zero, as in the blockwise path
     affinities = torch.nn.functional.one_hot(expert_of_row.long(), num_experts + 1)[:, :num_experts].float()
-    return _decode_op(lnc)(
+    return _kernel_ops(lnc).moe_tkg(
         x_RH,
         pack_gate_up(weights.w1_EFD, weights.w3_EFD),
         pack_down(weights.w2_EDF),
@@ -286,9 +284,8 @@ def moe_cte_forward(
     lnc: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """moe_cte with checkpoints: (out [T, H], gate_up_activations_T [N, 2, I, B], down_activations [N, B, H])."""
-    moe_cte_op, _ = _kernel_ops(lnc)
     _checked(weights, layout, lnc)
-    out_T1H, gate_up_act_T, down_act = moe_cte_op(
+    out_T1H, gate_up_act_T, down_act = _kernel_ops(lnc).moe_cte(
         hidden_states,
         expert_affinities_masked,
         pack_gate_up(weights.w1_EFD, weights.w3_EFD),
@@ -310,12 +307,11 @@ def blockwise_mm_backward(
     lnc: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """blockwise_mm_bwd: grads of (hidden_states, affinities, w1, w3, w2), weights in torchtitan's layout."""
-    _, blockwise_mm_bwd_op = _kernel_ops(lnc)
     _checked(weights, layout, lnc)
     gate_up_act_T, down_act = checkpoints
     # The kernel reads T+1 gradient rows like the hidden states; the padding token's is zero.
     grad_T1H = torch.cat([grad_output, grad_output.new_zeros(1, grad_output.shape[1])]).to(hidden_states.dtype)
-    grad_hidden, grad_affinities, grad_gate_up, grad_down = blockwise_mm_bwd_op(
+    grad_hidden, grad_affinities, grad_gate_up, grad_down = _kernel_ops(lnc).blockwise_mm_bwd(
         hidden_states,
         expert_affinities_masked,
         pack_gate_up(weights.w1_EFD, weights.w3_EFD),
