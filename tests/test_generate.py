@@ -7,7 +7,8 @@ with early stops; the generator must run only the shapes its plan announced; the
 each sampled token must be the training forward's on the finished sequence. Two FSDP ranks with prompts of their
 own run as a torchrun scenario (scenarios/generate_ranks.py); the 2-rank runs through the launcher are
 test_samples.py's. The offline command's answers: from an exported folder, and from a checkpoint (two launcher
-runs save steps 2 and 4; the command exports each through the launcher); what it refuses in one line.
+runs save steps 2 and 4; the command exports each through the launcher), a LoRA run's checkpoint merged; what it
+refuses in one line.
 Run: .venv/bin/python -m pytest tests/test_generate.py -q
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, folder_tensors, run_scenario, worker_env
+from conftest import REPO, folder_tensors, random_smoke_model, run_scenario, worker_env
 from test_finetune_variants import moe_config, save_dense, save_moe, tensors
 
 from neuron_qwen3.generate.engine import Generator
@@ -327,3 +328,21 @@ def test_a_checkpoint_is_answered_as_its_step_exported(tmp_path, capsys):
         lines = capsys.readouterr().err.splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"neuron_qwen3.generate: {folder}: {says}"), lines
     assert not (tmp_path / "answers.jsonl").exists()
+
+
+def test_a_lora_checkpoint_is_answered_as_the_runs_merged_export(tmp_path):
+    """A LoRA checkpoint holds the adapters alone: the launcher's export in the run's environment (INIT_FROM, LoRA)
+    merges them into the base, so the answers are those of the merged model the run exported at its end."""
+    lora = dict(INIT_FROM=random_smoke_model(tmp_path / "base", seed=1), LORA_RANK="8")
+    launch(
+        tmp_path,
+        STEPS="2",
+        OUTPUT_DIR=str(tmp_path / "run"),
+        EXPORT_DIR=str(tmp_path / "end"),
+        EXPORT_MERGED="1",
+        **lora,
+    )
+    ended, found = offline(tmp_path, tmp_path / "end", "end")
+    result, from_checkpoint = offline(tmp_path, tmp_path / "checkpoint", "from-checkpoint", **lora)
+    assert ended.returncode == result.returncode == 0, result.stderr[-3000:]
+    assert from_checkpoint == found
