@@ -322,7 +322,9 @@ def test_a_checkpoint_is_answered_as_its_step_exported(tmp_path, capsys):
     expected = {
         tmp_path / "adapter": "a PEFT adapter folder, not a model folder: export the run with EXPORT_MERGED=1",
         tmp_path / "run": "neither an exported model folder (no config.json) nor a checkpoint (no step-N)",
+        tmp_path / "step-7": "not a complete checkpoint: no .metadata: the save did not finish",
     }
+    (tmp_path / "step-7").mkdir()
     for folder, says in expected.items():
         assert main([str(folder), prompts, "--out", str(tmp_path / "answers.jsonl")]) == 2
         lines = capsys.readouterr().err.splitlines()

@@ -54,7 +54,10 @@ def checkpoint_in(folder: Path) -> tuple[Path, int] | None:
     """(the checkpoint folder, the step) that `folder` names: a step-N folder, or the folder of them (its newest
     complete one, as the launcher would resume)."""
     match = checkpoints.STEP.fullmatch(folder.name)
-    if match and (folder / ".metadata").is_file():
+    if match:
+        why = checkpoints.problem(folder)
+        if why:
+            raise DataError(f"{folder}: not a complete checkpoint: {why}")
         return folder.parent, int(match[1])
     latest = checkpoints.scan(folder).latest
     return None if latest is None else (folder, latest)
