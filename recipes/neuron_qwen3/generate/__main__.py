@@ -74,7 +74,6 @@ def export_checkpoint(folder: Path, step: int, export: Path, work: Path) -> None
         EXPORT_MERGED="1",
         OUTPUT_DIR=str(work),
         SAMPLE_PROMPTS="",
-        EXTRA_ARGS=f"{os.environ.get('EXTRA_ARGS', '')} --checkpoint.load_step={step}".strip(),
     )
     env.pop("EPOCHS", None)  # STEPS says where the export is; EPOCHS would derive the steps from the data
     print(
@@ -82,7 +81,9 @@ def export_checkpoint(folder: Path, step: int, export: Path, work: Path) -> None
         f"(this environment's settings, STEPS={step})",
         file=sys.stderr,
     )
-    launched = subprocess.run([sys.executable, "-m", "entrypoint"], env=env, stdout=sys.stderr)
+    # the launcher's own arguments come last, after EXTRA_ARGS: this step, not the newest
+    launch = [sys.executable, "-m", "entrypoint", f"--checkpoint.load_step={step}"]
+    launched = subprocess.run(launch, env=env, stdout=sys.stderr)
     if launched.returncode != 0:
         raise DataError(
             f"{folder}/step-{step}: the launcher's export of the checkpoint failed (exit {launched.returncode}, its "
