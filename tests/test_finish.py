@@ -120,10 +120,15 @@ def test_finishing_depends_on_the_flags_the_world_and_the_device_alone(tmp_path)
         return flat(config.to_dict()), lines
 
     (one, lines), (again, _) = finished(4, "cpu"), finished(4, "cpu")
-    assert one == again and [line.split(" (")[0] for line in lines] == ["precision: float32", "fine-tuning defaults"]
+    assert one == again and [line.split(" (")[0] for line in lines] == [
+        "precision: float32",
+        "rope: theta 1,000,000, 4,096 positions, from INIT_FROM's config.json",
+        "fine-tuning defaults",
+    ]
     (neuron, neuron_lines), (two, _) = finished(4, "neuron"), finished(2, "cpu")
     assert neuron["training"] != one["training"] and [line.split(" (")[0] for line in neuron_lines] == [
         "attention: document-causal, nkilib kernels",
+        "rope: theta 1,000,000, 4,096 positions, from INIT_FROM's config.json",
         "fine-tuning defaults",
     ]  # bf16 on Neuron, and attention without Inductor
     assert two["training"] != one["training"]  # the global batch follows the world

@@ -63,13 +63,35 @@ def test_a_fine_tune_keeps_what_the_project_fields_give(flags, expected):
     assert lr_and_warmup(parsed) == expected
 
 
-def test_under_a_fine_tune_torchtitans_own_fields_are_replaced_and_the_line_names_them():
-    """Unset means the default: a value given only through torchtitan's flag is not told from the config's, so
-    the line names the replaced value and the project's fields that choose."""
-    parsed = config(LOAD, "--optimizer.param-groups.0.optimizer-kwargs.lr", "3e-5", "--lr_scheduler.warmup_steps=5")
-    (line,) = tuning.apply(parsed)
-    assert "lr 2e-05 in place of 3e-05" in line and "warm-up 1 of 10 steps in place of 5" in line
-    assert lr_and_warmup(parsed) == ([tuning.FINETUNE_LR], 1)
+def typed(*flags):
+    parsed = config(LOAD, *flags)
+    return parsed, tuning.apply(parsed, tuning.typed_flags(flags))
+
+
+@pytest.mark.parametrize(
+    "lr_flag",
+    [["--optimizer.param-groups.0.optimizer-kwargs.lr", "0"], ["--optimizer.param_groups.0.optimizer_kwargs.lr=0"]],
+)
+def test_under_a_fine_tune_a_typed_torchtitan_flag_wins_and_the_line_says_so(lr_flag):
+    """A value given through torchtitan's own flag is the user's choice: the fine-tuning default stays off it."""
+    parsed, (line,) = typed(*lr_flag, "--lr_scheduler.warmup_steps=5")
+    assert lr_and_warmup(parsed) == ([0.0], 5)
+    assert line == (
+        "fine-tuning defaults (checkpoint.initial_load_path is set): none applied; not applied, a torchtitan flag "
+        "typed wins: lr 0 as typed (--optimizer.param_groups.0.optimizer_kwargs.lr); warm-up 5 steps as typed "
+        "(--lr_scheduler.warmup_steps) (LR, WARMUP_STEPS or --tune.lr, --tune.warmup choose others)"
+    )
+    parsed, (line,) = typed(*lr_flag)  # the warm-up not typed: its default applies
+    assert lr_and_warmup(parsed) == ([0.0], 1)
+    assert "warm-up 1 of 10 steps in place of 2; not applied, a torchtitan flag typed wins: lr 0 as typed" in line
+
+
+def test_the_projects_fields_win_over_a_typed_torchtitan_flag():
+    """LR sets every group, as documented; a typed group's value is then not the run's."""
+    parsed, lines = typed("--optimizer.param-groups.0.optimizer-kwargs.lr=3e-5", "--tune.lr=1e-5")
+    assert lr_and_warmup(parsed) == ([1e-5], 1) and lines[0].endswith(
+        "warm-up 1 of 10 steps in place of 2 (LR, WARMUP_STEPS or --tune.lr, --tune.warmup choose others)"
+    )
 
 
 def test_every_param_group_gets_lr():
@@ -161,3 +183,44 @@ def test_stock_torchtitan_train_applies_the_fine_tuning_defaults_and_accumulates
     assert "global batch size 4, gradient accumulation steps 2" in output
     records = [json.loads(line) for line in (tmp_path / "out" / "report" / "metrics.jsonl").read_text().splitlines()]
     assert [record["lr"] for record in records][0] == pytest.approx(tuning.FINETUNE_LR)  # warm-up 1: the peak
+
+
+@pytest.mark.training
+def test_a_typed_learning_rate_of_0_with_init_from_trains_at_0(tmp_path):
+    """Through the launcher, torchtitan's own flag on its command line: every step at lr 0, and the export is the
+    INIT_FROM folder tensor for tensor."""
+    from conftest import REPO, folder_tensors
+    from test_finetune import tiny_qwen3
+
+    source = tiny_qwen3(tmp_path / "source")
+    env = worker_env(
+        VARIANT="native",
+        SCALE="smoke",
+        INIT_FROM=str(source),
+        STEPS="2",
+        OUTPUT_DIR=str(tmp_path / "out"),
+        CACHE_DIR=str(tmp_path / "cache"),
+        EXPORT_DIR=str(tmp_path / "export"),
+        EXPORT_DTYPE="float32",
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "entrypoint", "--optimizer.param-groups.0.optimizer-kwargs.lr", "0"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "lr 0 as typed (--optimizer.param_groups.0.optimizer_kwargs.lr)" in output
+    records = [json.loads(line) for line in (tmp_path / "out" / "report" / "metrics.jsonl").read_text().splitlines()]
+    assert [record["lr"] for record in records if "lr" in record] == [0.0, 0.0]
+    before, after = folder_tensors(source), folder_tensors(tmp_path / "export")
+    assert sorted(before) == sorted(after) and all(torch_equal(before[k], after[k]) for k in before)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)

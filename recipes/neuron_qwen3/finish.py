@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from neuron_qwen3 import data, shapes
+from neuron_qwen3.hf import rope as hf_rope
 from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import adapters, folders, targets
 from neuron_qwen3.moe import routing
@@ -53,13 +54,18 @@ def _nki_entries(overrides):
             yield i, kwargs
 
 
-def cpu_float32(config, kind: str) -> str | None:
+def cpu_float32(config, kind: str, typed: set = frozenset()) -> str | None:
     """On CPU (`kind`, the device the worker trains on), a full-scale config computes in float32, as the bench
-    configs do on CPU; a config of the user's own (no report.scale) decides its own. Unless nkilib's kernels
-    compute them (they take bf16), a run computing in float32 (so, or by --training.mixed_precision_param float32)
-    has its nki_moe experts compute in float32 too: they cast to bf16 themselves otherwise. Returns the line that
-    says what full scale on CPU changed, or None."""
-    full_on_cpu = kind == "cpu" and config.report.scale == "full" and config.cpu_float32
+    configs do on CPU, unless --training.mixed_precision_param is in `typed`; a config of the user's own (no
+    report.scale) decides its own. Unless nkilib's kernels compute them (they take bf16), a run computing in float32
+    (so, or by --training.mixed_precision_param float32) has its nki_moe experts compute in float32 too: they cast
+    to bf16 themselves otherwise. Returns the line that says what full scale on CPU changed, or None."""
+    full_on_cpu = (
+        kind == "cpu"
+        and config.report.scale == "full"
+        and config.cpu_float32
+        and "training.mixed_precision_param" not in typed
+    )
     if full_on_cpu:
         config.training.mixed_precision_param = "float32"
     experts = ""
@@ -118,6 +124,47 @@ def check_attention_kernel_shapes(config, kind: str) -> None:
     if shape is None:
         return  # v5 before the asset fetch: the workers check it, and the kernels' own asserts stand behind
     nki_kernels.check_kernel_shapes(shape.head_dim, config.training.seq_len, config.neuron.logical_nc_config)
+
+
+def rope_source(config) -> tuple:
+    """(folder, its name) whose config.json defines the model a run trains: INIT_FROM's (after folders.resolve,
+    a LoRA adapter's base), else the full-scale assets (the Hub's config.json); (None, None) at smoke scale."""
+    if config.checkpoint.initial_load_in_hf and config.checkpoint.initial_load_path:
+        return config.checkpoint.initial_load_path, "INIT_FROM"
+    if config.hf_assets_path and os.path.isfile(os.path.join(config.hf_assets_path, "config.json")):
+        return config.hf_assets_path, "ASSETS_DIR"
+    return None, None
+
+
+def configure_rope(config) -> str | None:
+    """The RoPE of the model folder the run trains (rope_source), else the one MODEL was released with
+    (shapes.RELEASED_ROPE), in place of the config's: torchtitan's flavors all build theta 1,000,000. Returns the
+    line saying what changed, or None. Raises hf.rope.RopeError (a ValueError) for a RoPE not reproduced here."""
+    folder, name = rope_source(config)
+    rope = hf_rope.of_folder(folder, name) if folder else None
+    where = f"{name}'s config.json"
+    if rope is None and config.report.model in shapes.RELEASED_ROPE:
+        rope, where = hf_rope.Rope(*shapes.RELEASED_ROPE[config.report.model]), f"{config.report.model} as released"
+    model = config.model_spec.model
+    if rope is None or (not hasattr(model, "layers") and name != "INIT_FROM"):  # v5 reads its hf_model's otherwise
+        return None
+    if hasattr(model, "layers"):  # torchtitan's Decoder: each attention's RoPE, which torchtitan sizes to seq_len
+        built = model.layers[0].attention.rope
+        was = hf_rope.Rope(built.theta, built.max_seq_len)
+        for layer in model.layers:
+            layer.attention.rope = dataclasses.replace(
+                layer.attention.rope, theta=rope.theta, max_seq_len=rope.positions
+            )
+    else:
+        from neuron_qwen3.quirks import hf_rope_fix
+
+        was = hf_rope.of_folder(config.hf_model, "--hf_model")
+        config.model_spec.model = hf_rope_fix.with_rope(model, rope.theta, rope.positions)
+    return (
+        None
+        if was == rope
+        else f"rope: {rope.describe()}, from {where} (the config builds {was.describe() if was else 'another'})"
+    )
 
 
 def configure_validation(config) -> None:
@@ -225,12 +272,13 @@ def data_parallel(config, world: int) -> int:
     return dims.dp_replicate * dims.dp_shard
 
 
-def finish(config, world: int, kind: str) -> Finished:
-    """Complete `config` in place for `world` ranks training on `kind` (cpu, cuda, neuron). Raises LoRAError
+def finish(config, world: int, kind: str, typed: set = frozenset()) -> Finished:
+    """Complete `config` in place for `world` ranks training on `kind` (cpu, cuda, neuron); a flag in `typed`
+    (tuning.typed_flags of the command line) keeps its value over a derived default. Raises LoRAError
     (an adapter's settings), DataError (EPOCHS over a bad record) or ValueError (what the flags leave to finishing,
     e.g. an odd DPO seq_len: each section checked its own values when it was built, settings.py)."""
     done = Finished()
-    precision = cpu_float32(config, kind)
+    precision = cpu_float32(config, kind, typed)
     done.lines += [precision] if precision else []
     configure_nki_experts(config.override, config.neuron)
     attention = configure_attention(config, kind)
@@ -239,6 +287,8 @@ def finish(config, world: int, kind: str) -> Finished:
     done.lora = folders.resolve(config)  # an initial load naming a PEFT adapter: its base is loaded instead
     if done.lora:
         adapters.adapt_model_spec(config, done.lora)  # adapters in before parallelize_fn, the base frozen after
+    rope = configure_rope(config)  # after resolve too: INIT_FROM is then the base model's folder
+    done.lines += [rope] if rope else []
     configure_router(config)  # after resolve: INIT_FROM is then the base model's folder
     if kind == "cpu":  # last: the init it wraps includes the adapters'
         from neuron_qwen3.quirks import cpu_adapter
@@ -255,6 +305,6 @@ def finish(config, world: int, kind: str) -> Finished:
             done.plan = data.epochs.plan(config, data_parallel(config, world))
             config.training.steps = done.plan.steps
             done.lines += [f"epochs: {done.plan.line}", *[done.plan.cache_line] * (done.plan.cache is not None)]
-    done.lines += tuning.apply(config)  # after EPOCHS: the warm-up may be a fraction of the steps
+    done.lines += tuning.apply(config, typed)  # after EPOCHS: the warm-up may be a fraction of the steps
     config.training.global_batch_size = tuning.batch(config, world)[0]  # -1 resolved as torchtitan resolves it
     return done

@@ -67,6 +67,11 @@ FORMS = {
     "235B-A22B": ("", "-Instruct-2507", "-Thinking-2507"),
 }
 MODELS = {f"Qwen/Qwen3-{flavor}{form}": flavor for flavor, forms in FORMS.items() for form in forms}
+# torchtitan's flavors build the first release's RoPE (theta 1,000,000 over 40,960 positions). The 2507 forms were
+# released with their own (theta, max_position_embeddings); recorded here only where their config.json was read (the
+# 4B forms). A model folder's config.json, read when the config is finished (INIT_FROM, or the full-scale assets),
+# wins over this record: it serves a config finished before the assets are fetched (--dry-run on a fresh host).
+RELEASED_ROPE = dict.fromkeys(("Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-4B-Thinking-2507"), (5_000_000.0, 262_144))
 
 # Trained here without the Hub. Smoke: two layers on two CPU cores in seconds, the bundled 2048-token tokenizer;
 # the MoE twin's dim and expert width are the smallest the NKI kernels take (H 512, I a multiple of 32 per logical

@@ -29,7 +29,7 @@ from neuron_qwen3.quirks import devices, titan_exit_sleep, titan_logs, worker_ex
 from neuron_qwen3.report import data_read, run_report, samples
 from neuron_qwen3.rl import rewards, rollout
 from neuron_qwen3.rl import validation as grpo_validation
-from neuron_qwen3.run import divergence, same_config, stop, teardown
+from neuron_qwen3.run import divergence, same_config, stop, teardown, tuning
 from neuron_qwen3.settings import RunSettings
 
 
@@ -250,7 +250,7 @@ class RunHooks(Trainer):
         dims = super().init_distributed()
         teardown.at_exit()  # every exit path destroys the process groups (teardown.py)
         same_config.check_same_config(self.config)  # every rank the same flags, before anything is derived from them
-        finished = finish(self.config, dims.world_size, self.device_kind)
+        finished = finish(self.config, dims.world_size, self.device_kind, tuning.typed_flags(sys.argv[1:]))
         for line in finished.lines:
             logger.info(line)
         self.lora = finished.lora

@@ -15,7 +15,7 @@ checked, with the library that reads it:
 | batch | BATCH_SIZE not a multiple of local batch x data-parallel ranks, degrees that do not fit the ranks | |
 | config | MODEL of another family than the variant, or no released Qwen3 | |
 | memory | | the sharded weights, gradients and Adam state take over 60 % of a rank's device memory |
-| init_from | no model folder, no weights, another architecture or shape than the run trains (DPO_REFERENCE too) | a complete checkpoint wins (not with LoRA) |
+| init_from | no model folder, no weights, another architecture or shape than the run trains (DPO_REFERENCE too, and its RoPE); a RoPE not reproduced here (YaRN: finish.py) | a complete checkpoint wins (not with LoRA) |
 | lora | no INIT_FROM, a target the model lacks, TP/EP/PP, an adapter INIT_FROM's base or settings, another base | |
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
 | dataset | a mix of another form than path:weight,... or of a missing file; a chat template that cannot render the first record (data.render_first); a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation or pair (data.scan, every record); pairs without METHOD=dpo, prompts alone without grpo, or either method without its data; a GRPO_REWARDS function that does not import | |
@@ -120,6 +120,32 @@ def trained_shape(config) -> shapes.Shape | None:
         return shapes.of_model_config(AutoConfig.from_pretrained(config.hf_model))
     except (OSError, ValueError):
         return None
+
+
+def trained_theta(config) -> float | None:
+    """The rope_theta the run trains (finish.configure_rope set it): the native model config's, or what the v5
+    model's config.json gets (None: not readable)."""
+    from neuron_qwen3.hf import rope
+
+    model = config.model_spec.model
+    if hasattr(model, "layers"):
+        return model.layers[0].attention.rope.theta
+    injected = getattr(model, "_titan_injected_model_args", {}).get("rope_parameters")
+    found = injected or rope.of_folder(config.hf_model, "--hf_model")
+    return None if found is None else (found["rope_theta"] if injected else found.theta)
+
+
+def reference_rope(source: str, config) -> list:
+    """DPO_REFERENCE's weights run in the policy's architecture, its RoPE included: a folder of another is refused."""
+    from neuron_qwen3.hf import rope
+
+    try:
+        theirs, ours = rope.of_folder(source, "DPO_REFERENCE"), trained_theta(config)
+    except rope.RopeError as error:
+        return [str(error)]
+    if theirs is None or ours is None or theirs.theta == ours:
+        return []
+    return [f"DPO_REFERENCE={source!r} has rope_theta={theirs.theta:g} but the run trains rope_theta={ours:g}"]
 
 
 # Architecture fields of config.json that fix the trained shape, in the order a mismatch is named.
@@ -270,7 +296,7 @@ def run(request: dict) -> dict:
         problems = ([problem] if problem else []) + validation(config, request.get("check_files"))
     if not problems:
         try:  # exactly as every worker finishes it (the launcher passes --device): --dry-run shows what trains
-            finished = finish(config, request["ranks"], config.device)
+            finished = finish(config, request["ranks"], config.device, tuning.typed_flags(request["args"]))
         except (ValueError, data.DataError) as error:
             epochs_error = isinstance(error, data.DataError) and config.dataloader.epochs
             problems = [f"EPOCHS: {error}" if epochs_error else str(error)]
@@ -326,7 +352,7 @@ def run(request: dict) -> dict:
     problems, warnings = init_from(config, shape, None if tuned else resume)  # LoRA loads its base every start
     reference = getattr(getattr(config, "preference", None), "reference", "")  # finish.py resolved it
     if reference and reference != config.checkpoint.initial_load_path:
-        problems += hf_folder("DPO_REFERENCE", reference, shape)
+        problems += hf_folder("DPO_REFERENCE", reference, shape) or reference_rope(reference, config)
     if tuned and resume is not None and not problems:
         problems = base_check.check_resume_base(
             os.path.join(config.checkpoint.folder, f"step-{resume}"), config.checkpoint.initial_load_path
@@ -354,6 +380,7 @@ def run(request: dict) -> dict:
         except rewards.RewardError as error:
             answer["problems"].append(str(error))
     return answer
+
 
 
 def rendered(config) -> list:

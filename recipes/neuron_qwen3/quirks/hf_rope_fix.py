@@ -10,7 +10,14 @@ buffer stays garbage and the loss is NaN from step 1.
 `apply()` wraps `init_states` so that every rotary module with an `inv_freq` buffer gets it
 recomputed from its config, through the same function transformers' own `__init__` uses.
 tests/test_hf_rope_fix.py fails when this is not applied.
+
+A second: the backend's flavor field `rope_theta` is set on the loaded config as an attribute, which transformers
+5 no longer reads (its rotary modules read `rope_parameters`), so a flavor cannot change the RoPE that way.
+`with_rope` gives the backend's model config `rope_parameters` among the values it re-applies after loading
+`--hf_model`'s config.json (`_titan_injected_model_args`). tests/test_rope_of_folder.py fails without it.
 """
+
+import copy
 
 import torch
 from torchtitan.experiments.transformers_modeling_backend.model import HFTransformerModel
@@ -41,6 +48,18 @@ def reinit_rotary_buffers(model: torch.nn.Module) -> int:
         module.attention_scaling = attention_scaling
         count += 1
     return count
+
+
+def with_rope(model_config, theta: float, positions: int):
+    """A copy of the backend's model config (its flavors are shared by every spec it builds) that trains the default
+    RoPE of `theta` over `positions`, whatever `--hf_model`'s config.json says."""
+    model_config = copy.deepcopy(model_config)
+    model_config._titan_injected_model_args = {
+        **model_config._titan_injected_model_args,
+        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+        "max_position_embeddings": positions,
+    }
+    return model_config
 
 
 def apply() -> None:

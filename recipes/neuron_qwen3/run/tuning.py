@@ -4,8 +4,9 @@ torchtitan 0.3.0 keeps the learning rate in each optimizer param group (`--optim
 .lr`, group 0 only) and the warm-up as whole steps (`--lr_scheduler.warmup_steps`). The project's fields set every
 group and take a fraction of the steps (LR, WARMUP_STEPS). Unset (None), each means the config's value, or, for a
 fine-tune (a run with `checkpoint.initial_load_path`, INIT_FROM), a fine-tuning default in its place: the config
-functions' pretraining values (8e-4, with up to 600 warm-up steps) wreck a released model in a few steps. So under
-INIT_FROM the project's fields are the way to choose; the one line the rule logs names what it replaced.
+functions' pretraining values (8e-4, with up to 600 warm-up steps) wreck a released model in a few steps. A
+torchtitan flag the user typed (on the command line or in EXTRA_ARGS) wins over a default, as it would over the
+config's value; the one line the rule logs names what it replaced and what it left as typed.
 
 Fine-tuning defaults: torchtitan's own full fine-tune of Qwen3, `sft_qwen3_8b_math` in
 torchtitan/models/qwen3/config_registry.py (0.3.0): AdamW at lr 2e-5, warm-up 15 of its 180 steps (8 %); torchtune's
@@ -13,8 +14,18 @@ recipes/configs/qwen3/8B_full.yaml is lower, 5e-6 without a schedule. The decay 
 LR_SCHEDULE=cosine is what sft_qwen3_8b_math uses).
 """
 
+import re
+
 FINETUNE_LR = 2e-5
 FINETUNE_WARMUP = 0.08  # of the steps
+GROUP_LR = re.compile(r"optimizer\.param_groups\.(\d+)\.optimizer_kwargs\.lr")  # tyro's names, underscored
+WARMUP = "lr_scheduler.warmup_steps"
+
+
+def typed_flags(args) -> set:
+    """The flags of a torchtitan command line, as tyro names them (`-` and `_` alike): what the user chose, told
+    apart from what the config function set."""
+    return {arg[2:].split("=", 1)[0].replace("-", "_") for arg in args if arg.startswith("--")}
 
 
 def warmup_steps(warmup: float, total: int) -> int:
@@ -23,31 +34,43 @@ def warmup_steps(warmup: float, total: int) -> int:
     return int(warmup) if warmup >= 1 or warmup == 0 else max(1, round(warmup * total))
 
 
-def apply(config) -> list:
-    """Write tune.lr and tune.warmup into torchtitan's fields, the fine-tuning defaults where they are unset and the
-    run is a fine-tune; returns the line saying what the defaults replaced (or none). Their ranges: settings.Tune."""
+def apply(config, typed: set = frozenset()) -> list:
+    """Write tune.lr and tune.warmup into torchtitan's fields; where they are unset and the run is a fine-tune, the
+    fine-tuning defaults, except over a torchtitan flag the user typed (`typed`: typed_flags of the command line).
+    Returns the line saying what the defaults replaced and what they left as typed (or none). Ranges: settings.Tune."""
     tune, groups, scheduler = config.tune, config.optimizer.param_groups, config.lr_scheduler
     finetune = bool(config.checkpoint.initial_load_path)
-    had = ", ".join(f"{group.optimizer_kwargs['lr']:g}" for group in groups)
-    lr = FINETUNE_LR if finetune and tune.lr is None else tune.lr
-    warmup = FINETUNE_WARMUP if finetune and tune.warmup is None else tune.warmup
-    replaced = []
-    if lr is not None:
+    typed_groups = {int(m[1]) for flag in typed if (m := GROUP_LR.fullmatch(flag))}
+    replaced, kept = [], []
+    if tune.lr is not None:
         for group in groups:
-            group.optimizer_kwargs["lr"] = lr
-        replaced += [f"lr {lr:g} in place of {had}"] if tune.lr is None else []
-    if warmup is not None:
-        total = scheduler.total_steps or config.training.steps
-        steps = warmup_steps(warmup, total)
-        replaced += (
-            [f"warm-up {steps} of {total} steps in place of {scheduler.warmup_steps}"] if tune.warmup is None else []
-        )
+            group.optimizer_kwargs["lr"] = tune.lr
+    elif finetune:
+        chosen = [i for i in range(len(groups)) if i not in typed_groups]
+        had = ", ".join(f"{groups[i].optimizer_kwargs['lr']:g}" for i in chosen)
+        for i in chosen:
+            groups[i].optimizer_kwargs["lr"] = FINETUNE_LR
+        replaced += [f"lr {FINETUNE_LR:g} in place of {had}"] if chosen else []
+        kept += [
+            f"lr {groups[i].optimizer_kwargs['lr']:g} as typed (--optimizer.param_groups.{i}.optimizer_kwargs.lr)"
+            for i in sorted(typed_groups)
+            if i < len(groups)
+        ]
+    total = scheduler.total_steps or config.training.steps
+    if tune.warmup is not None:
+        scheduler.warmup_steps = warmup_steps(tune.warmup, total)
+    elif finetune and WARMUP in typed:
+        kept.append(f"warm-up {scheduler.warmup_steps} steps as typed (--{WARMUP})")
+    elif finetune:
+        steps = warmup_steps(FINETUNE_WARMUP, total)
+        replaced.append(f"warm-up {steps} of {total} steps in place of {scheduler.warmup_steps}")
         scheduler.warmup_steps = steps
-    if not replaced:
+    if not replaced and not kept:
         return []
     return [
-        f"fine-tuning defaults (checkpoint.initial_load_path is set): {'; '.join(replaced)} (LR, WARMUP_STEPS "
-        "or --tune.lr, --tune.warmup choose others)"
+        f"fine-tuning defaults (checkpoint.initial_load_path is set): {'; '.join(replaced) or 'none applied'}"
+        + (f"; not applied, a torchtitan flag typed wins: {'; '.join(kept)}" if kept else "")
+        + " (LR, WARMUP_STEPS or --tune.lr, --tune.warmup choose others)"
     ]
 
 
