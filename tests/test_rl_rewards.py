@@ -127,6 +127,16 @@ def user_module(tmp_path):
         def short(completions, **kwargs):
             return [1.0] * (len(completions) - 1)
 
+        def fails_on_the_third(completions, **kwargs):
+            if "c" in completions:
+                raise ValueError("no reward for c")
+            return [1.0] * len(completions)
+
+        def fails_in_a_batch(completions, **kwargs):
+            if len(completions) > 1:
+                raise ValueError("one record at a time")
+            return [1.0]
+
         def gives(completions, value, **kwargs):
             return [0.5] * (len(completions) - 1) + [value[0]]
         """)
@@ -228,12 +238,12 @@ def test_a_broken_module_is_a_reward_error(tmp_path):
     "func, value, parts",
     [
         ("broken", None, ["raised ZeroDivisionError: division by zero on data/prompts.jsonl:1"]),
-        ("generator", None, ["returned a generator, not a list of rewards, on data/prompts.jsonl:1"]),
-        ("short", None, ["returned 2 rewards for 3 completions on data/prompts.jsonl:1"]),
-        ("gives", "1.0", ["gave '1.0' on data/prompts.jsonl:3", "real number or None"]),
-        ("gives", True, ["gave True on data/prompts.jsonl:3", "not a bool"]),
-        ("gives", math.nan, ["gave nan on data/prompts.jsonl:3", "NaN or inf"]),
-        ("gives", -math.inf, ["gave -inf on data/prompts.jsonl:3", "NaN or inf"]),
+        ("fails_on_the_third", None, ["raised ValueError: no reward for c on data/prompts.jsonl:3"]),
+        ("fails_in_a_batch", None, ["raised ValueError: one record at a time on its batch of 3 records, "]),
+        ("generator", None, ["returned a generator, not a list of rewards, on its batch of 3 records"]),
+        ("short", None, ["returned 2 rewards for 3 completions on its batch of 3 records, data/prompts.jsonl:1 to "]),
+        ("gives", "1.0", ["gave '1.0' on data/prompts.jsonl:3", "a number, a bool or None"]),
+        ("gives", -math.inf, ["gave -inf on data/prompts.jsonl:3", "or inf"]),
         ("gives", [1.0, 2.0], ["gave [1.0, 2.0] on data/prompts.jsonl:3"]),
     ],
 )
@@ -252,11 +262,24 @@ def test_accuracy_without_a_gold_column_names_the_record():
     one_line(error, "GRPO_REWARDS: accuracy raised ValueError", "`solution` or `answer`", "data/prompts.jsonl:1")
 
 
-def test_numpy_and_int_rewards_are_numbers(user_module):
+def test_what_trl_takes_as_rewards_is_taken_with_its_values(user_module, tmp_path):
+    """Numpy and torch scalars, bools (TRL's float32 tensor: 1.0, 0.0), NaN (TRL's None), a 1-D numpy array or
+    tensor as the whole answer: each reward the same float TRL's `torch.tensor(..., dtype=torch.float32)` makes."""
     import numpy as np  # torch's dependency: a missing one fails, not skips
 
     folder, name = user_module
     run = rewards.load(f"{name}:gives", "", 16, search=(folder,))
-    for value, expected in [(np.float32(0.25), 0.25), (2, 2.0), (np.int64(-1), -1.0)]:
+    values = [np.float32(0.25), 2, np.int64(-1), True, np.bool_(False), torch.tensor(0.75), math.nan, None]
+    for value in values:
         per_func, _ = run.score(["p"] * 2, ["a", "b"], [[1]] * 2, {"value": [value] * 2}, ORIGINS[:2])
-        assert per_func[:, 0].tolist() == [0.5, expected]
+        trl = torch.tensor([0.5, torch.nan if value is None else value], dtype=torch.float32)
+        assert per_func[:, 0].tolist() == pytest.approx(trl.tolist(), nan_ok=True), value
+    module = f"user_arrays_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
+        "import numpy, torch\n"
+        "def array(completions, **kwargs):\n    return numpy.array([len(c) for c in completions], dtype=float)\n"
+        "def tensor(completions, **kwargs):\n    return torch.tensor([c == 'b' for c in completions])\n"
+    )
+    run = rewards.load(f"{module}:array,{module}:tensor", "", 16, search=(str(tmp_path),))
+    per_func, _ = run.score(["p"] * 3, ["a", "b", "cc"], [[1]] * 3, {}, ORIGINS[:3])
+    assert per_func.tolist() == [[1.0, 0.0], [1.0, 1.0], [2.0, 0.0]]

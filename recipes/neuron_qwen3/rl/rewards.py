@@ -7,8 +7,9 @@ them (`_calculate_rewards`), so a reward function written for TRL runs here unch
   gives the [N, F] rewards (None: NaN, TRL's "no opinion") and each function's seconds.
 - `Rewards.total` weighs and sums them as TRL's `sum_then_normalize` does.
 
-Every bad input or bad reward is a `RewardError` of one line that names the function and the record, so a run stops
-at the step that went wrong with a message that says where to look.
+Every bad input or bad reward is a `RewardError` of one line that names the function and the record (a function that
+raises is called again record by record to find the one), so a run stops at the step that went wrong with a message
+that says where to look.
 """
 
 import importlib
@@ -187,6 +188,48 @@ def of_run(config) -> "Rewards":
     return load(g.rewards, g.reward_weights, g.max_completion, folders)
 
 
+def _as_list(out) -> list | None:
+    """A function's rewards as TRL takes them (any sized sequence torch.tensor reads: a list, a tuple, a 1-D numpy
+    array or tensor), as a list; None for anything else (a generator, a dict, a string, a scalar)."""
+    if hasattr(out, "tolist") and getattr(out, "ndim", None) == 1:
+        return out.tolist()
+    return list(out) if isinstance(out, list | tuple) else None
+
+
+def _as_reward(value) -> float | None:
+    """One reward as a float (NaN: TRL's None, "not scored"), or None when TRL's float32 tensor could not hold it
+    usefully: not a number (a string, a list) or infinite (it would turn its group's advantages to NaN)."""
+    if value is None:
+        return math.nan
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # numpy and torch scalars, np.bool_ included
+        value = value.item()
+    if not isinstance(value, numbers.Real) or math.isinf(value):  # bool is an int: 1.0 and 0.0, as TRL counts it
+        return None
+    return float(value)
+
+
+def _batch(origins: list[str]) -> str:
+    """The records of a batch, for an error about the batch as a whole."""
+    records = list(dict.fromkeys(origins))
+    return records[0] if len(records) == 1 else f"its batch of {len(records)} records, {records[0]} to {records[-1]}"
+
+
+def _raising_record(func, prompts, completions, completion_ids, columns, origins) -> str:
+    """The first record on whose completions alone `func` raises too (the batch call raised), else the batch."""
+    for record in dict.fromkeys(origins):
+        rows = [i for i, origin in enumerate(origins) if origin == record]
+        try:
+            func(
+                prompts=[prompts[i] for i in rows],
+                completions=[completions[i] for i in rows],
+                completion_ids=[completion_ids[i] for i in rows],
+                **{key: [column[i] for i in rows] for key, column in columns.items()},
+            )
+        except Exception:
+            return record
+    return _batch(origins)
+
+
 class Rewards:
     """The run's reward functions, in GRPO_REWARDS's order, and their weights."""
 
@@ -196,7 +239,7 @@ class Rewards:
     def score(self, prompts, completions, completion_ids, columns: dict[str, list], origins: list[str]):
         """Every function on the batch as TRL calls it; `columns`: the records' other columns, one value per
         completion; `origins`: each completion's record (file:line), for the errors. Returns the [N, F] float32
-        rewards, None as NaN, and {name: seconds} each function took."""
+        rewards, None (or NaN) as NaN, and {name: seconds} each function took."""
         n = len(completions)
         rewards = torch.full((n, len(self.funcs)), torch.nan, dtype=torch.float32)
         seconds = {}
@@ -205,24 +248,27 @@ class Rewards:
             try:
                 out = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
             except Exception as error:
-                raise RewardError(f"{SETTING}: {name} raised {_first_line(error)} on {origins[0]}") from error
+                where = _raising_record(func, prompts, completions, completion_ids, columns, origins)
+                raise RewardError(f"{SETTING}: {name} raised {_first_line(error)} on {where}") from error
             seconds[name] = time.perf_counter() - start
-            if not isinstance(out, list | tuple):
+            values = _as_list(out)
+            if values is None:
                 raise RewardError(
-                    f"{SETTING}: {name} returned a {type(out).__name__}, not a list of rewards, on {origins[0]}"
+                    f"{SETTING}: {name} returned a {type(out).__name__}, not a list of rewards, on {_batch(origins)}"
                 )
-            if len(out) != n:
-                raise RewardError(f"{SETTING}: {name} returned {len(out)} rewards for {n} completions on {origins[0]}")
-            for i, value in enumerate(out):
-                if value is None:  # TRL's "not scored by this function": NaN
-                    continue
-                if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            if len(values) != n:
+                raise RewardError(
+                    f"{SETTING}: {name} returned {len(values)} rewards for {n} completions on {_batch(origins)}"
+                )
+            for i, value in enumerate(values):
+                reward = _as_reward(value)
+                if reward is None and value is not None:
                     shown = " ".join(repr(value).split())[:80]
                     raise RewardError(
-                        f"{SETTING}: {name} gave {shown} on {origins[i]}: a reward is a real number or None "
-                        f"(not a bool, NaN or inf)"
+                        f"{SETTING}: {name} gave {shown} on {origins[i]}: a reward is a number, a bool or None "
+                        f"(not a string, a list or inf)"
                     )
-                rewards[i, j] = float(value)
+                rewards[i, j] = math.nan if reward is None else reward
         return rewards, seconds
 
     def total(self, per_func: torch.Tensor) -> torch.Tensor:
