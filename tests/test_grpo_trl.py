@@ -9,8 +9,11 @@
   losses, the global gradient norms and three parameters' gradients agree to 1e-5 relative, as do the logged
   entropy, clip ratios and KL, over every loss type x beta 0 / 0.04 x one / two iterations (with two, the
   generator's log-probabilities are off by up to 0.5, so that tokens are clipped), and at temperature 0.7,
-  clip-higher (epsilon_high 0.28), mask_truncated and two accumulation steps; the sampling difference
-  |log pi - the generator's| is float error at one iteration and the offset at two.
+  clip-higher (epsilon_high 0.28), mask_truncated and two accumulation steps. The generator's own
+  log-probabilities are off by other noise (its kernels are not the learner's on a device): the loss is TRL's,
+  whose pi_old is the training model's, and the sampling difference |log pi - the generator's| is that offset.
+- pi_old is the first pass's: the generation's first pass keeps its own log-probabilities (ratio 1 however far off
+  the generator is) and a later pass, after an update, is clipped against them.
 - The advantages: `advantages(rewards, generations, scale)` equals the advantages TRL's own
   `_generate_and_score_completions` computes for the same rewards (one of them None: unscorable, one group of equal
   rewards) at scale_rewards group, batch and none; `nanstd` equals `trl.trainer.utils.nanstd`.
@@ -38,7 +41,7 @@ PROMPT_LENGTHS = (6, 3)  # one prompt per group
 COMPLETION_LENGTHS = (MAX_COMPLETION, 5, 1, 7, 3, MAX_COMPLETION)
 TRUNCATED = 0
 REWARDS = (1.0, 0.2, -0.5, 0.3, 2.0, -1.0)
-NOISE = 0.5  # the generator's log-probabilities: the current ones plus uniform noise in [-NOISE, NOISE]
+NOISE = 0.5  # an offset log-probability: the current ones plus uniform noise in [-NOISE, NOISE]
 RTOL, ATOL = 1e-5, 1e-9
 GRADS = ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight")
 
@@ -237,7 +240,11 @@ def test_loss_and_gradient_are_trls(folders, tmp_path, case):
             g = torch.Generator().manual_seed(11)
             noise = (torch.rand(current.shape, generator=g) * 2 - 1) * NOISE
             inputs["old_per_token_logps"] = current + noise
-        per_token = {"old": current + noise}
+        # ours: the generator's log-probabilities off by other noise (on a device its kernels are not the
+        # learner's), and pi_old as the generation's first pass kept it (the learner's, TRL's old_per_token_logps)
+        g = torch.Generator().manual_seed(12)
+        generator_noise = (torch.rand(current.shape, generator=g) * 2 - 1) * NOISE
+        per_token = {"old": current + generator_noise, "learner_old": current + noise}
         if case["beta"]:
             inputs["ref_per_token_logps"] = theirs._get_per_token_logps_and_entropies(
                 theirs.ref_model, input_ids, attention_mask, MAX_COMPLETION
@@ -268,7 +275,8 @@ def test_loss_and_gradient_are_trls(folders, tmp_path, case):
     loss_fn = grpo.GrpoLoss(
         ours, config, accumulation=accumulation, ranks=1, reference=Reference(reference) if case["beta"] else None
     )
-    loss_fn.prepare(rows, labels, extra, {"advantages": advantages, "old": moved["old"]})
+    kept = [moved["learner_old"]] if case["iterations"] > 1 else []
+    loss_fn.prepare(rows, labels, extra, {"advantages": advantages, "old": moved["old"], "learner_old": kept})
     pred = ours(input_ids=rows, **extra).logits
     loss, _ = loss_fn(pred, labels, global_valid_tokens=step_tokens)
     loss.backward()
@@ -293,18 +301,45 @@ def test_loss_and_gradient_are_trls(folders, tmp_path, case):
         assert metrics["grpo/clip_ratio/region_mean"] > 0
     if case.get("epsilon_high"):
         assert metrics["grpo/clip_ratio/high_mean"] > 0
-    # |log pi - the generator's| of a counted token: float error at one iteration, the noise at two
-    if case["iterations"] > 1:
-        counted = mask.bool()
-        assert metrics["grpo/sampling/logp_difference/mean"] == pytest.approx(
-            noise[counted].abs().mean().item(), rel=1e-4
-        )
-    else:
-        assert 0 <= metrics["grpo/sampling/logp_difference/max"] < 1e-5
+    # |log pi - the generator's| of a counted token: the generator's own offset, whatever the iterations
+    counted = mask.bool()
+    assert metrics["grpo/sampling/logp_difference/mean"] == pytest.approx(
+        generator_noise[counted].abs().mean().item(), rel=1e-4
+    )
     if case["beta"]:
         assert metrics["grpo/kl"] == pytest.approx(logged["kl"], rel=RTOL)
     else:
         assert "grpo/kl" not in metrics and "kl" not in logged
+
+
+def test_pi_old_is_the_first_passs_own_log_probability(folders):
+    """With two iterations, the generation's first pass keeps its own log-probabilities as pi_old: its ratio is 1
+    although the generator's are 2 nats off, and the second pass, after an update, is clipped against them."""
+    ours = load(folders["policy"]).train()
+    config = settings.Grpo(generations=GENERATIONS, max_completion=MAX_COMPLETION, loss="grpo", iterations=2)
+    batch = rollout(False)
+    far = torch.full((len(batch["prompts"]), MAX_COMPLETION), -2.0)  # the generator's, far from the learner's
+    rows, labels, attention, moved = neuron_rows(batch, {"old": far})
+    extra = dict(attention_mask=attention, position_ids=torch.arange(rows.shape[1]).expand_as(rows))
+    advantages, _ = grpo.advantages(torch.tensor(REWARDS), GENERATIONS, "group")
+    loss_fn, kept = grpo.GrpoLoss(ours, config, accumulation=1, ranks=1), []
+
+    def one_pass():
+        loss_fn.prepare(rows, labels, extra, {"advantages": advantages, "old": moved["old"], "learner_old": kept})
+        pred = ours(input_ids=rows, **extra).logits
+        loss_fn(pred, labels, global_valid_tokens=(labels != IGNORE_INDEX).sum())[0].backward()
+        return grpo.token_logps(pred.detach(), labels, 1.0)[0], loss_fn.interval()
+
+    first, metrics = one_pass()
+    assert metrics["grpo/clip_ratio/region_mean"] == 0 and metrics["grpo/sampling/logp_difference/mean"] > 0.5
+    assert len(kept) == 1 and torch.equal(kept[0], first)
+    with torch.no_grad():  # an update large enough to move the ratio out of [0.8, 1.2] on some tokens
+        for parameter in ours.parameters():
+            parameter -= 50.0 * parameter.grad
+            parameter.grad = None
+    second, metrics = one_pass()
+    assert not torch.equal(second, first)
+    assert metrics["grpo/clip_ratio/region_mean"] > 0 and len(kept) == 1 and torch.equal(kept[0], first)
 
 
 # Three groups: one with an unscorable completion (None), one of equal rewards (zero std), one spread

@@ -138,7 +138,7 @@ class RunHooks(Trainer):
         pairs window's `record`s and a GRPO row's advantage and generated log-probabilities; with DPO or GRPO's
         KL, the reference's pass on the micro-step (before the router watch records the policy's)."""
         real, records = input_dict.pop("real", None), input_dict.pop("record", None)
-        generated = {key: input_dict.pop(key) for key in ("advantages", "old") if key in input_dict}  # GRPO's rows
+        generated = {key: input_dict.pop(key) for key in ("advantages", "old", "learner_old") if key in input_dict}
         inputs, labels, extra = self.prepare_inputs(input_dict, labels)
         if self.dpo is not None:
             self.dpo.reference_pass(inputs, labels, extra, records)

@@ -3,8 +3,10 @@ loss on the completions' tokens with an optional KL penalty to a reference.
 
 With r the ratio pi / pi_old of a completion token and A its completion's advantage, a token's loss is
 -min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A) + beta r KL, KL = exp(ref - logp) - (ref - logp) - 1 (the k3
-estimator, weighted by the ratio as TRL's default use_bias_correction_kl does). At one iteration per generation
-pi_old is pi detached (r = 1, TRL's shortcut); above, it is the generator's log-probability of the token.
+estimator, weighted by the ratio as TRL's default use_bias_correction_kl does). pi_old is the training model's
+log-probability before the generation's first update, as TRL's: the first pass's own pi detached (r = 1; no update
+precedes it), kept for GRPO_ITERATIONS' later passes. Not the generator's: on a device its kernels and precision
+differ from training's, and r would start away from 1.
 
 The token losses are averaged as GRPO_LOSS says. torchtitan sums each micro-step's loss over the accumulation
 steps and the data-parallel ranks' gradients, where TRL averages both (accelerate, DDP), so each average below is
@@ -114,7 +116,9 @@ class GrpoLoss:
         self.sums = self.widest = None
 
     def prepare(self, inputs, labels, extra: dict, columns: dict) -> None:
-        """The micro-step's rollout columns, and with beta > 0 the reference's log-probabilities of its tokens."""
+        """The micro-step's rollout columns (advantages, the generator's log-probabilities `old`, and `learner_old`:
+        a list the first pass fills with pi_old for the later ones), and with beta > 0 the reference's
+        log-probabilities of its tokens."""
         if self.config.beta:
             with torch.no_grad():
                 logits = self.reference.logits(inputs, extra)
@@ -128,7 +132,10 @@ class GrpoLoss:
         logps, entropy = token_logps(logits_of(self.model, pred), labels, c.temperature)
         mask = (labels != IGNORE_INDEX).float()
         generated = columns["old"].to(logps.device)  # the generator's log-probabilities of these tokens
-        old = generated if c.iterations > 1 else logps.detach()
+        kept = columns.get("learner_old")
+        old = kept[0].to(logps.device) if kept else logps.detach()
+        if kept is not None and not kept and c.iterations > 1:  # the generation's first pass: later passes use it
+            kept.append(old)
         reference = columns.get("reference")
         epsilon_high = c.epsilon if c.epsilon_high is None else c.epsilon_high
         advantages_B = columns["advantages"].to(logps.device)

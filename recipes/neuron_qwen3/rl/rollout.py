@@ -56,10 +56,34 @@ def grpo_parts(trainer) -> tuple:
     return loss, Rollout(trainer, rewards, group)
 
 
+def room_of(config) -> int:
+    """The most prompt tokens a window leaves beside GRPO_MAX_COMPLETION."""
+    return config.training.seq_len - config.grpo.max_completion
+
+
+def prompt_ids(origin: str, record: dict, tokenizer, encoder: Encoder, room: int, max_completion: int) -> tuple:
+    """A prompt-only record as the generator takes it: (ids, the prompt as the rewards see it, conversational).
+    DataError naming `origin` (file:line): a bad prompt, or one of over `room` tokens."""
+    try:
+        text, messages, tools = conversations.prompt(record)
+        if messages is None:
+            ids = tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
+        else:
+            ids = encoder.prompt(messages, tools, conversations.thinking_of(record))
+    except Problem as problem:
+        raise DataError(f"{origin}: {problem}") from None
+    if len(ids) > room:
+        raise DataError(
+            f"{origin}: {len(ids)} prompt tokens; the window leaves {room} beside GRPO_MAX_COMPLETION="
+            f"{max_completion}: shorten the prompt, lower GRPO_MAX_COMPLETION or raise seq_len"
+        )
+    return ids, record["prompt"], messages is not None
+
+
 def plan_of(config) -> Plan:
     """The generator's shapes: the step's completions on this rank (up to SLOTS) at once, prompts in up to four
     power-of-two buckets up to the room GRPO_MAX_COMPLETION leaves in the window."""
-    room = config.training.seq_len - config.grpo.max_completion
+    room = room_of(config)
     sizes = sorted({min(room, 1 << k) for k in range(SMALLEST_BUCKET.bit_length() - 1, room.bit_length() + 1)})
     per_step = config.training.local_batch_size * accumulation_of(config)
     return Plan(slots=min(per_step, SLOTS), buckets=tuple(sizes[-MOST_BUCKETS:]), new_tokens=config.grpo.max_completion)
@@ -109,7 +133,10 @@ class Rollout:
         """For the checkpoint (the trainer's train state): the steps left on the last generation and its micro-batches,
         under a key of this rank's own, as torchtitan keeps each rank's data-loader position. With
         GRPO_ITERATIONS above 1 a run resumed between two generations trains on the one it was trained on."""
-        return {f"grpo_generation_rank_{self.rank}": pickle.dumps((self.left, self.buffer))}
+        on_host = [
+            ({**columns, "learner_old": [t.cpu() for t in columns["learner_old"]]}, y) for columns, y in self.buffer
+        ]
+        return {f"grpo_generation_rank_{self.rank}": pickle.dumps((self.left, on_host))}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.left, self.buffer = pickle.loads(state_dict[f"grpo_generation_rank_{self.rank}"])
@@ -133,31 +160,16 @@ class Rollout:
                 self.buffer, self.left = self.generate(batch), self.config.iterations
             self.left -= 1
             for inputs, labels in self.buffer:
-                metrics.ntokens_since_last_log += labels.numel()
+                metrics.ntokens_since_last_log += int(inputs["real"].sum())  # the prompt and completion, not the pads
                 metrics.data_loading_times.append(loading)
                 loading = 0.0
                 yield dict(inputs), labels  # a copy: the trainer pops the rollout columns from it
 
     def prompt_ids(self, origin: str, record: dict) -> tuple:
-        """(ids, the prompt as the rewards see it, conversational)."""
-        try:
-            text, messages, tools = conversations.prompt(record)
-            if messages is None:
-                ids = self.tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
-            else:
-                thinking = record.get("enable_thinking")
-                if thinking is not None and not isinstance(thinking, bool):
-                    raise Problem(f"enable_thinking is not true or false: {thinking!r}")
-                ids = self.encoder.prompt(messages, tools, thinking)
-        except Problem as problem:
-            raise DataError(f"{origin}: {problem}") from None
-        room = self.plan.buckets[-1]
-        if len(ids) > room:
-            raise DataError(
-                f"{origin}: {len(ids)} prompt tokens; the window leaves {room} beside GRPO_MAX_COMPLETION="
-                f"{self.config.max_completion}: shorten the prompt, lower GRPO_MAX_COMPLETION or raise seq_len"
-            )
-        return ids, record["prompt"], messages is not None
+        """(ids, the prompt as the rewards see it, conversational): `prompt_ids` in this run's window."""
+        return prompt_ids(
+            origin, record, self.tokenizer, self.encoder, self.plan.buckets[-1], self.config.max_completion
+        )
 
     def generate(self, batch: list) -> list:
         """This rank's prompts (`batch`: (origin, record) pairs) answered, scored and laid out in micro-batches."""
@@ -224,6 +236,7 @@ class Rollout:
         inputs, labels, old, real = (torch.stack(column) for column in zip(*rows))
         positions = torch.arange(self.seq_len).expand(len(rows), -1).clone()
         columns = {"input": inputs, "positions": positions, "real": real, "advantages": advantages_B, "old": old}
+        columns["learner_old"] = []  # GrpoLoss's pi_old, from the first pass on this micro-batch (not moved: a list)
         return columns, labels
 
     def _gathered(self, total: torch.Tensor) -> torch.Tensor:
