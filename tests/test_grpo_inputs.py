@@ -6,7 +6,8 @@ allowed), before anything trains.
 - the recipes' pre-launch pass (prelaunch/preflight.py, in a child with torch): prompt-only records under SFT (as
   DATASET or VALIDATION), chat records under grpo (as either), EPOCHS under grpo, no GRPO_REWARDS, GRPO_GENERATIONS
   that does not divide a rank's completions, a reward that is no built-in, a `module:function` whose module or
-  function is missing: one line, exit 2, torchrun never started;
+  function is missing, a prompt (of DATASET or VALIDATION, on its second line) too long for the window beside
+  GRPO_MAX_COMPLETION: one line, exit 2, torchrun never started;
 - the worker at step 1 (the pre-launch pass imports the rewards but cannot call them): a reward that raises, or
   returns one reward for two completions, is one line naming the function and the record (`file:line`), the worker
   exits 2 and torchrun's failure table repeats the line; the launcher's status is torchrun's, 1 (docs/production.md,
@@ -56,7 +57,14 @@ def written(tmp_path) -> dict:
     (tmp_path / "data.jsonl").write_text(json.dumps(RECORD) + "\n")
     (tmp_path / "chat.jsonl").write_text(json.dumps(CHAT) + "\n")
     (tmp_path / f"{MODULE}.py").write_text(REWARDS)
-    return {"data": tmp_path / "data.jsonl", "chat": tmp_path / "chat.jsonl", "rewards": tmp_path / f"{MODULE}.py"}
+    long = {**RECORD, "prompt": [{"role": "user", "content": "Is 4 even? " * 200}]}  # 248 tokens fit, not these
+    (tmp_path / "long.jsonl").write_text(json.dumps(RECORD) + "\n" + json.dumps(long) + "\n")
+    return {
+        "data": tmp_path / "data.jsonl",
+        "chat": tmp_path / "chat.jsonl",
+        "rewards": tmp_path / f"{MODULE}.py",
+        "long": tmp_path / "long.jsonl",
+    }
 
 
 def filled(values: dict, files: dict) -> dict:
@@ -116,6 +124,16 @@ BEFORE_LAUNCH = [
             "GRPO_REWARDS: no_such_reward_module:score: cannot import no_such_reward_module",
             "No module named 'no_such_reward_module'",
         ],
+    ),
+    (
+        "too-long-a-prompt",
+        {**GRPO, "DATASET": "{long}"},
+        ["DATASET: {long}:2: ", " prompt tokens; the window leaves 248 beside GRPO_MAX_COMPLETION=8: shorten the"],
+    ),
+    (
+        "too-long-a-validation-prompt",
+        {**GRPO, "DATASET": "{data}", "VALIDATION": "{long}"},
+        ["VALIDATION: {long}:2: ", " prompt tokens; the window leaves 248 beside GRPO_MAX_COMPLETION=8"],
     ),
     (
         "no-such-function",

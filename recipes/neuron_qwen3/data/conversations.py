@@ -85,6 +85,14 @@ def prompt(record: dict) -> tuple[str | None, list | None, list | None]:
     return None, messages, tools
 
 
+def thinking_of(record: dict) -> bool | None:
+    """A record's `enable_thinking` for Qwen3's chat template: true, false, or None (absent: the template's own)."""
+    thinking = record.get("enable_thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise Problem(f"enable_thinking is not true or false: {thinking!r}")
+    return thinking
+
+
 def _prompt_completion(record: dict) -> list:
     names = [name for name in ("prompt", "completion") if name in record]
     for name in names:

@@ -18,7 +18,7 @@ checked, with the library that reads it:
 | init_from | no model folder, no weights, another architecture or shape than the run trains (DPO_REFERENCE too, and its RoPE); a RoPE not reproduced here (YaRN: finish.py) | a complete checkpoint wins (not with LoRA) |
 | lora | no INIT_FROM, a target the model lacks, TP/EP/PP, an adapter INIT_FROM's base or settings, another base | |
 | export | export.dir inside the checkpoint folder, less free space than the export needs | |
-| dataset | a mix of another form than path:weight,... or of a missing file; a chat template that cannot render the first record (data.render_first); a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation or pair (data.scan, every record); pairs without METHOD=dpo, prompts alone without grpo, or either method without its data; a GRPO_REWARDS function that does not import | |
+| dataset | a mix of another form than path:weight,... or of a missing file; a chat template that cannot render the first record (data.render_first); a record of a local source that cannot be trained on: invalid JSON, no field, a bad conversation or pair (data.scan, every record); pairs without METHOD=dpo, prompts alone without grpo, or either method without its data; a GRPO_REWARDS function that does not import; a GRPO prompt too long for the window beside GRPO_MAX_COMPLETION (every prompt tokenized) | |
 | validation | no VALIDATION file, a bad record in it, a fraction of a streamed DATASET | |
 | samples | a SAMPLE_PROMPTS record that is no conversation to answer, or too long for the window beside SAMPLE_TOKENS (report/samples.py) | |
 | epochs | STEPS (`--training.steps`) beside EPOCHS, a streamed DATASET; else the line "N epochs = S steps of B sequences" (data.epochs, also for --dry-run) | |
@@ -379,8 +379,34 @@ def run(request: dict) -> dict:
             rewards.of_run(config)  # the user's reward functions import here, as in every worker
         except rewards.RewardError as error:
             answer["problems"].append(str(error))
+        answer["problems"] += [] if answer["problems"] else grpo_prompts(config)
     return answer
 
+
+def grpo_prompts(config) -> list:
+    """Every prompt of the local DATASET and a VALIDATION file tokenized as the rollout does: a prompt too long for
+    the window is one line now, not a worker's error when its batch is reached, mid-run."""
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    from neuron_qwen3 import data
+    from neuron_qwen3.data.tokens import Encoder
+    from neuron_qwen3.rl import rollout
+
+    held = config.dataloader.validation
+    named = [("DATASET", path) for path in data.mix.local_paths(config.dataloader.source) or ()]
+    named += [("VALIDATION", held)] if held and data.records.fraction(held) is None else []
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=data.tokenizer_of(config))
+    encoder, room = Encoder(tokenizer), rollout.room_of(config)
+    for setting, path in named:
+        table = data.records.local_table(path)
+        for i in range(len(table)):
+            try:
+                rollout.prompt_ids(
+                    table.origin(i), table.record(i), tokenizer, encoder, room, config.grpo.max_completion
+                )
+            except data.DataError as error:
+                return [f"{setting}: {error}"]
+    return []
 
 
 def rendered(config) -> list:

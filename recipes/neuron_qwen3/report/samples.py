@@ -84,9 +84,7 @@ def read_prompts(path: str, field: str, tokenizer, room: int) -> list[Prompt]:
                 messages = messages[:-1]
             if not messages or messages[-1]["role"] == "system":
                 raise Problem("no user or tool turn to answer")
-            thinking = record.get("enable_thinking")
-            if thinking is not None and not isinstance(thinking, bool):
-                raise Problem(f"enable_thinking is not true or false: {thinking!r}")
+            thinking = conversations.thinking_of(record)
             ids = encoder.prompt(messages, tools, thinking)
         except Problem as problem:
             raise DataError(f"{table.origin(i)}: {problem}") from None
