@@ -5,7 +5,10 @@ launcher's list of each choice is its Config field's `Literal`.
   Config field its flag sets (read from the contract's table, resolved on a config function's Config);
 - a bad value of a section is one line naming the flag: refused when the section is built, by tyro's parse in the
   worker (exit 2) and in the pre-launch pass (that line alone), and by the launcher (exit 2);
-- the code that acts on a choice reads it from the `Literal` (DPO's losses).
+- the code that acts on a choice reads it from the `Literal` (DPO's losses);
+- the launcher's help states each default as its Config field starts (`default: 512`; a value in words is listed),
+  and a number the launcher takes the section takes, one it refuses the section refuses (probed at 0, 1, 0.5, ...;
+  but the section's unset default and a number form the launcher's pattern does not read).
 Run: .venv/bin/python -m pytest tests/test_settings.py -q
 """
 
@@ -128,3 +131,104 @@ def test_the_pre_launch_answer_is_the_sections_line(tmp_path):
 def test_the_launcher_prints_one_line_and_exits_2(tmp_path):
     status, lines = launcher_errors(tmp_path, EXTRA_ARGS="--divergence.factor=-1")
     assert status == 2 and lines == ["entrypoint: --divergence.factor=-1.0 is not a positive number"], lines
+
+
+def section_field(config, var):
+    """(the project's Section holding `var`'s field, the field) its flag sets, or None: a torchtitan field."""
+    for flag in FLAG.findall(var.flag):
+        found = field_of(config, flag)
+        if found and issubclass(found[0], settings.Section):
+            return found[0], {f.name: f for f in dataclasses.fields(found[0])}[found[1]]
+    return None
+
+
+def same_value(parsed, default) -> bool:
+    if isinstance(parsed, bool) or isinstance(default, bool):
+        return bool(parsed) == bool(default)
+    if isinstance(parsed, int | float) and isinstance(default, int | float):
+        return float(parsed) == float(default)
+    return str(parsed) == str(default)
+
+
+def test_each_default_the_launcher_states_is_its_config_fields():
+    """A variable's `default: X` in the launcher's help (and its own default, which it always passes) is the value
+    the project's Config field starts at; a default named as another variable leaves the field unset (None), and a
+    default described in words (the config's, INIT_FROM's) is not a value the variable takes."""
+    config, compared, described = config_registry.native_qwen3_smoke(), [], []
+    for var in contract.VARS:
+        found = section_field(config, var)
+        stated = re.search(r"default: (.+?)(?:;|,| \(|$)", var.meaning)
+        if found is None:
+            continue
+        section, field = found
+        if var.default is not None:
+            assert same_value(var.parse(var.default), field.default), (var.name, var.default, field.default)
+            compared.append(var.name)
+        if stated is None:
+            continue
+        stated = stated.group(1)
+        if stated in {v.name for v in contract.VARS}:
+            assert field.default is None, f"{var.name}: default {stated}, but --{field.name} starts at {field.default}"
+            compared.append(var.name)
+            continue
+        valued = settings.choices(section, field.name) or any(t in str(field.type) for t in ("int", "float", "bool"))
+        try:
+            parsed = var.parse(stated) if valued else None  # a text field's default is always words here
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            described.append(var.name)
+            continue
+        assert same_value(parsed, field.default), (
+            f"{var.name}'s help says default: {stated}, but {section.__name__}.{field.name} is {field.default!r}"
+        )
+        compared.append(var.name)
+    assert {"GRPO_GENERATIONS", "GRPO_TOP_P", "GRPO_EPSILON_HIGH", "DPO_BETA", "SAMPLE_TOKENS", "METHOD"} <= set(
+        compared
+    ), compared
+    assert set(described) == {"LORA_ALPHA", "LORA_TARGETS", "MOE_AUX_LOSS", "DPO_REFERENCE", "GRPO_REWARD_WEIGHTS"} | {
+        "MODEL",
+        "LR",
+        "WARMUP_STEPS",
+        "SAMPLE_PROMPTS",
+        "SAMPLE_INTERVAL",
+    }, described  # each says in words what the run derives
+
+
+PROBES = ("0", "1", "2", "0.5", "0.999", "1e-9", "8", "100", "65536", "1000000")
+
+
+def test_each_numeric_range_of_the_launcher_is_its_config_fields():
+    """A number the launcher takes, the Config section takes; one it refuses, the section refuses, but the
+    section's unset default (0 for LoRA's rank: the launcher leaves the variable unset) and a form the launcher's
+    pattern does not read (an exponent)."""
+    config, probed = config_registry.native_qwen3_smoke(), set()
+    for var in contract.VARS:
+        found = section_field(config, var)
+        if found is None or settings.choices(found[0], found[1].name):
+            continue
+        section, field = found
+        kind = str(field.type)
+        if "int" not in kind and "float" not in kind:
+            continue
+        for raw in PROBES:
+            if "float" not in kind and not raw.isdigit():
+                continue
+            value = float(raw) if "float" in kind else int(raw)
+            try:
+                var.parse(raw)
+                launcher = True
+            except ValueError:
+                launcher = False
+            try:
+                dataclasses.replace(getattr(config, section.__name__.lower()), **{field.name: value})
+                built = True
+            except ValueError:
+                built = False
+            unset_or_form = value == field.default or "e" in raw
+            assert launcher == built or (built and unset_or_form), (
+                f"{var.name}={raw}: the launcher {'takes' if launcher else 'refuses'} it, --"
+                f"{section.__name__.lower()}.{field.name} {'takes' if built else 'refuses'} it"
+            )
+            probed.add(var.name)
+    assert {"GRPO_TOP_P", "GRPO_TEMPERATURE", "LORA_RANK", "DPO_BETA", "EXPORT_MAX_SHARD_MB"} <= probed, probed
