@@ -23,6 +23,7 @@ from torchtitan.models.common.attention import (
 
 from conftest import RECIPES
 
+from neuron_qwen3 import neuron_sdk
 from neuron_qwen3.attention import document, reference
 from neuron_qwen3.attention.masks import DocumentMask, document_starts
 from neuron_qwen3.quirks import cpu_adapter
@@ -166,10 +167,10 @@ def test_the_op_is_a_registered_torch_op_with_fake_shapes():
 
 
 def test_kernel_path_selection():
-    assert document.kernel_path("auto", "neuron") == "nki"
-    assert document.kernel_path("auto", "cpu") == document.kernel_path("auto", "cuda") == "reference"
-    assert document.kernel_path("reference", "neuron") == "reference"
-    assert document.kernel_path("nki", "cpu") == "nki"
+    assert neuron_sdk.kernel_path("auto", "neuron") == "nki"
+    assert neuron_sdk.kernel_path("auto", "cpu") == neuron_sdk.kernel_path("auto", "cuda") == "reference"
+    assert neuron_sdk.kernel_path("reference", "neuron") == "reference"
+    assert neuron_sdk.kernel_path("nki", "cpu") == "nki"
     assert document.replaces_flex("auto", "neuron") and document.replaces_flex("reference", "cpu")
     assert not document.replaces_flex("auto", "cpu") and not document.replaces_flex("auto", "cuda")
 

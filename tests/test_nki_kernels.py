@@ -24,7 +24,7 @@ import torch
 from conftest import REPO, RECIPES
 from test_nki_experts import BF16, FP32, assert_same_as_torchtitan, make_pair, scale_close
 
-from neuron_qwen3 import config_registry
+from neuron_qwen3 import config_registry, neuron_sdk
 from neuron_qwen3.moe import experts, nki_kernels
 from neuron_qwen3.moe.experts import NKIGroupedExperts
 from neuron_qwen3.moe.layout import pack_down, pack_gate_up
@@ -134,7 +134,7 @@ def test_kernel_path_selection():
         ("reference", "reference", "reference"),
         ("auto", "reference", "nki"),
     ]:
-        assert (experts.kernel_path(value, "cpu"), experts.kernel_path(value, "neuron")) == (on_cpu, on_neuron)
+        assert (neuron_sdk.kernel_path(value, "cpu"), neuron_sdk.kernel_path(value, "neuron")) == (on_cpu, on_neuron)
     with pytest.raises(ValueError, match="kernel must be one of auto, nki, reference, got 'NKI'"):
         NKIGroupedExperts(NKIGroupedExperts.Config(dim=8, hidden_dim=8, num_experts=2, kernel="NKI"))
 

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from neuron_qwen3 import data, shapes
+from neuron_qwen3 import data, neuron_sdk, shapes
 from neuron_qwen3.hf import rope as hf_rope
 from neuron_qwen3.hf import weights
 from neuron_qwen3.lora import adapters, folders, targets
@@ -39,11 +39,13 @@ CPU_FLOAT32 = (
 @dataclass
 class Finished:
     """What finishing found besides the config: the lines saying what it derived, LoRA's settings (the config's
-    `--lora` section; None: full fine-tuning), EPOCHS' plan."""
+    `--lora` section; None: full fine-tuning), EPOCHS' plan, whether document attention replaced flex (the data
+    step then builds its masks)."""
 
     lines: list = field(default_factory=list)
     lora: Lora | None = None
     plan: object = None  # data.epochs.Plan, with EPOCHS
+    document_attention: bool = False
 
 
 def _nki_entries(overrides):
@@ -70,7 +72,7 @@ def cpu_float32(config, kind: str, typed: set = frozenset()) -> str | None:
         config.training.mixed_precision_param = "float32"
     experts = ""
     kernel = config.neuron.moe_kernel
-    on_kernels = kernel == "nki" or (kernel == "auto" and kind == "neuron")  # moe.experts.kernel_path
+    on_kernels = neuron_sdk.kernel_path(kernel, kind) == "nki"
     if not on_kernels and config.training.mixed_precision_param == "float32":
         for i, kwargs in list(_nki_entries(config.override)):
             config.override.imports[i] = (NKI_EXPERTS, {**kwargs, "compute_dtype": "float32"})
@@ -105,7 +107,7 @@ def configure_attention(config, kind: str) -> str | None:
         document.use_in_transformers(model, neuron.attention_kernel, neuron.logical_nc_config)
         model.attn_implementation = document.ATTENTION_NAME  # what transformers' config is loaded with
         config.model_spec.model = model
-    path = document.kernel_path(neuron.attention_kernel, kind)
+    path = neuron_sdk.kernel_path(neuron.attention_kernel, kind)
     if path == "nki":
         check_attention_kernel_shapes(config, kind)
     return f"attention: document-causal, {'nkilib kernels' if path == 'nki' else 'PyTorch reference'} (no Inductor)"
@@ -283,6 +285,7 @@ def finish(config, world: int, kind: str, typed: set = frozenset()) -> Finished:
     configure_nki_experts(config.override, config.neuron)
     attention = configure_attention(config, kind)
     done.lines += [attention] if attention else []
+    done.document_attention = attention is not None
     weights.hf_compatible(config)  # before the model is built
     done.lora = folders.resolve(config)  # an initial load naming a PEFT adapter: its base is loaded instead
     if done.lora:

@@ -6,8 +6,18 @@ from, and the switch that runs the PyTorch reference instead. Importing this mod
 """
 
 from dataclasses import dataclass
+from typing import Literal
 
 INDEX = "https://pip.repos.neuron.amazonaws.com"
+KERNELS = ("auto", "nki", "reference")  # --neuron.moe_kernel and --neuron.attention_kernel (settings.Neuron)
+
+
+def kernel_path(kernel: str, device_type: str) -> Literal["nki", "reference"]:
+    """Which implementation a kernel seam runs for tensors on `device_type`: `kernel`, where auto is NKI on Neuron."""
+    assert kernel in KERNELS, f"kernel {kernel!r} is not one of {', '.join(KERNELS)}"
+    if kernel == "auto":
+        return "nki" if device_type == "neuron" else "reference"
+    return kernel
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from neuron_qwen3 import data
-from neuron_qwen3.attention import document
 from neuron_qwen3.attention.masks import DocumentMask
 from neuron_qwen3.finish import finish
 from neuron_qwen3.hf import weights
@@ -61,7 +60,6 @@ class RunHooks(Trainer):
 
     def __init__(self, config):
         self.device_kind = devices.set_up(config.device)  # before the trainer touches a device (devices.py)
-        self.document_attention = document.replaces_flex(config.neuron.attention_kernel, self.device_kind)
         titan_logs.install(project_mfu=True)  # torchtitan's A100 peak lines: the run report turns its MFU off
         worker_exit.install()  # a worker that finished ends without the interpreter's 1.6 s finalization
         self.stop_watch = stop.StopWatch(config.stop.enable)  # a signal during set-up ends the run at step 1
@@ -253,7 +251,7 @@ class RunHooks(Trainer):
         finished = finish(self.config, dims.world_size, self.device_kind, tuning.typed_flags(sys.argv[1:]))
         for line in finished.lines:
             logger.info(line)
-        self.lora = finished.lora
+        self.lora, self.document_attention = finished.lora, finished.document_attention
         self.finished_config = self.config.to_dict()  # before torchtitan fills in its model's build details
         return dims
 

@@ -30,17 +30,9 @@ from torchtitan.tools.logging import logger
 from neuron_qwen3.attention import nki_kernels
 from neuron_qwen3.attention.masks import DocumentMask, document_starts
 from neuron_qwen3.attention.reference import reference_backward, reference_forward
+from neuron_qwen3.neuron_sdk import kernel_path
 
-KERNELS = ("auto", "nki", "reference")
 ATTENTION_NAME = "neuron_qwen3_document"  # the implementation's name in transformers' AttentionInterface
-
-
-def kernel_path(kernel: str, device_type: str) -> Literal["nki", "reference"]:
-    """Which implementation the op runs for tensors on `device_type`: `kernel`, where auto is NKI on Neuron."""
-    assert kernel in KERNELS, f"kernel {kernel!r} is not one of {', '.join(KERNELS)}"
-    if kernel == "auto":
-        return "nki" if device_type == "neuron" else "reference"
-    return kernel
 
 
 def replaces_flex(kernel: str, device_type: str) -> bool:

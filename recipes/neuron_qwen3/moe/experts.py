@@ -60,19 +60,11 @@ from neuron_qwen3.moe.layout import (
     unit_affinities,
 )
 from neuron_qwen3.moe.reference import reference_backward, reference_forward
+from neuron_qwen3.neuron_sdk import KERNELS, kernel_path
 
-__all__ = ["NKIGroupedExperts", "blockwise_moe_experts", "kernel_path", "nki_grouped_experts"]
+__all__ = ["NKIGroupedExperts", "blockwise_moe_experts", "nki_grouped_experts"]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-KERNELS = ("auto", "nki", "reference")
-
-
-def kernel_path(kernel: str, device_type: str) -> Literal["nki", "reference"]:
-    """Which implementation the op runs for tensors on `device_type`: `kernel`, where auto is NKI on Neuron."""
-    assert kernel in KERNELS, f"kernel {kernel!r} is not one of {', '.join(KERNELS)}"
-    if kernel == "auto":
-        return "nki" if device_type == "neuron" else "reference"
-    return kernel
 
 
 @functools.cache
