@@ -328,7 +328,7 @@ def test_pi_old_is_the_first_passs_own_log_probability(folders):
         loss_fn.prepare(rows, labels, extra, {"advantages": advantages, "old": moved["old"], "learner_old": kept})
         pred = ours(input_ids=rows, **extra).logits
         loss_fn(pred, labels, global_valid_tokens=(labels != IGNORE_INDEX).sum())[0].backward()
-        return grpo.token_logps(pred.detach(), labels, 1.0)[0], loss_fn.interval()
+        return grpo.logps_and_entropy(pred.detach(), labels, 1.0)[0], loss_fn.interval()
 
     first, metrics = one_pass()
     assert metrics["grpo/clip_ratio/region_mean"] == 0 and metrics["grpo/sampling/logp_difference/mean"] > 0.5

@@ -262,7 +262,7 @@ def our_metrics(records, encoder, policy, reference, beta, kind, sft_weight):
     positions = torch.tensor([r[1] for r in rows])
     frozen = types.SimpleNamespace(
         sums=lambda inputs, labels, extra, records: pair_sums(
-            token_logps(logits(reference), labels), labels, extra["positions"]
+            token_logps(logits(reference), labels)[0], labels, extra["positions"]
         )[0]
     )  # as reference.Frozen's
     loss = Dpo(policy, frozen, beta, kind, sft_weight, accumulation=1)

@@ -53,7 +53,7 @@ class AdaptersOff:
             return logits_of(self.model, self.model(inputs, **extra))
 
     def sums(self, inputs, labels, extra: dict, records=None) -> torch.Tensor:
-        logps = token_logps(self.logits(inputs, extra), labels)
+        logps = token_logps(self.logits(inputs, extra), labels)[0]
         return pair_sums(logps, labels, extra["positions"])[0]
 
 
@@ -88,7 +88,7 @@ class Frozen:
         return logits_of(self.model, self.model(inputs, **extra))
 
     def sums(self, inputs, labels, extra: dict, records=None) -> torch.Tensor:
-        logps = token_logps(self.logits(inputs, extra), labels)
+        logps = token_logps(self.logits(inputs, extra), labels)[0]
         return pair_sums(logps, labels, extra["positions"])[0]
 
 

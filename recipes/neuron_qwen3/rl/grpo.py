@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torchtitan.components.loss import IGNORE_INDEX
 
 from neuron_qwen3 import settings
-from neuron_qwen3.preference.dpo import logits_of
+from neuron_qwen3.preference.dpo import logits_of, token_logps
 
 LOSSES = settings.choices(settings.Grpo, "loss")
 SCALES = settings.choices(settings.Grpo, "scale_rewards")
@@ -52,11 +52,10 @@ def advantages(rewards: torch.Tensor, generations: int, scale: str, everyone: to
     return torch.nan_to_num(found, nan=0.0), torch.isclose(std, torch.zeros_like(std))
 
 
-def token_logps(logits_BLV: torch.Tensor, labels_BL: torch.Tensor, temperature: float) -> tuple:
-    """(log pi(label) [B, L], entropy [B, L]) at every position, from logits / temperature in float32; the entropy
-    detached, for the report."""
-    logps = torch.log_softmax(logits_BLV.float() / temperature, dim=-1)
-    picked = logps.gather(-1, labels_BL.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+def logps_and_entropy(logits_BLV: torch.Tensor, labels_BL: torch.Tensor, temperature: float) -> tuple:
+    """(log pi(label) [B, L], entropy [B, L]) at every position, at `temperature`; the entropy detached, for the
+    report."""
+    picked, logps = token_logps(logits_BLV, labels_BL, temperature)
     with torch.no_grad():
         entropy = -(logps.exp() * logps).sum(-1)
     return picked, entropy
@@ -129,7 +128,7 @@ class GrpoLoss:
         assert self.columns is not None, "GRPO: no rollout columns before this loss"
         columns, self.columns = self.columns, None
         c = self.config
-        logps, entropy = token_logps(logits_of(self.model, pred), labels, c.temperature)
+        logps, entropy = logps_and_entropy(logits_of(self.model, pred), labels, c.temperature)
         mask = (labels != IGNORE_INDEX).float()
         generated = columns["old"].to(logps.device)  # the generator's log-probabilities of these tokens
         kept = columns.get("learner_old")
