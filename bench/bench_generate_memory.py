@@ -36,6 +36,7 @@ def main():
     from neuron_qwen3.generate.plan import size
     from neuron_qwen3.generate.sampling import Sampling
     from neuron_qwen3.report import samples
+    from neuron_qwen3.generate import setup as generator_setup
     from neuron_qwen3.run import teardown
 
     assert neuron_sim.installed(), "NEURON_SIM=1 and tests/neuron_sim/site on PYTHONPATH"
@@ -58,12 +59,14 @@ def main():
     fully_shard(model, mp_policy=policy)
     model.eval()
 
-    prompts = samples.prompts_of(config, samples.tokenizer_of(config))
+    prompts = samples.prompts_of(config, generator_setup.tokenizer_of(config))
     plan = samples.plan_of(config, prompts)
-    _, need, line = samples.gathering(config, plan, None)
+    _, need, line = generator_setup.gathering(config, plan, None)
     peaks = {}
     for gathered in (True, False):
-        generator = Generator(model, plan, samples.stop_ids(samples.tokenizer_of(config)), gather_once=gathered)
+        generator = Generator(
+            model, plan, generator_setup.stop_ids(generator_setup.tokenizer_of(config)), gather_once=gathered
+        )
         torch.neuron.synchronize()
         before = torch.neuron.memory_allocated()
         torch.neuron.reset_peak_memory_stats()

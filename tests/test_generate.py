@@ -206,7 +206,7 @@ def test_the_offline_command_answers_a_prompts_file_as_transformers_does(tmp_pat
     import transformers
 
     from neuron_qwen3 import config_registry
-    from neuron_qwen3.report import samples
+    from neuron_qwen3.generate import setup as generator_setup
 
     folder = tmp_path / "export"
     reference = save_dense(folder).eval()
@@ -227,7 +227,7 @@ def test_the_offline_command_answers_a_prompts_file_as_transformers_does(tmp_pat
     records = [json.loads(line) for line in config_registry.SMOKE_PROMPTS.read_text().splitlines()]
     assert [row["prompt"] for row in rows] == [f"{config_registry.SMOKE_PROMPTS}:{k}" for k in range(1, 4)]
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    stops = samples.stop_ids(samples.tokenizer_of(config_registry.native_qwen3_smoke()))
+    stops = generator_setup.stop_ids(generator_setup.tokenizer_of(config_registry.native_qwen3_smoke()))
     for row, record in zip(rows, records):
         messages = record.get("messages") or [{"role": "user", "content": record["prompt"]}]
         options = {} if record.get("enable_thinking") is None else {"enable_thinking": record["enable_thinking"]}

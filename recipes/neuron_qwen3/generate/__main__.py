@@ -127,18 +127,18 @@ def answer_with(folder: Path, sampling: Sampling, args) -> int:
     import transformers
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    from neuron_qwen3.report import samples
+    from neuron_qwen3.generate import setup as generator_setup
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float32 if device == "cpu" else "auto"
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(folder))
     room = model.config.max_position_embeddings - args.tokens
-    prompts = samples.read_prompts(args.prompts, "messages", tokenizer, room)
+    prompts = generator_setup.read_prompts(args.prompts, "messages", tokenizer, room)
     plan = Plan(min(args.slots, len(prompts)), buckets_for([len(p.ids) for p in prompts], room), args.tokens)
     for phase, shape in plan.shapes():
         print(f"neuron_qwen3.generate: {phase} shape {list(shape)}", file=sys.stderr)
-    generator = Generator(model, plan, samples.stop_ids(tokenizer))
+    generator = Generator(model, plan, generator_setup.stop_ids(tokenizer))
     started = time.perf_counter()
     answers = generator.generate([p.ids for p in prompts], sampling, torch.Generator().manual_seed(args.seed))
     seconds = time.perf_counter() - started

@@ -24,6 +24,7 @@ from neuron_qwen3.data import conversations
 from neuron_qwen3.data.conversations import Problem
 from neuron_qwen3.data.records import DataError
 from neuron_qwen3.data.tokens import Encoder
+from neuron_qwen3.generate import setup as generator_setup
 from neuron_qwen3.generate.engine import Generator
 from neuron_qwen3.generate.plan import MOST_BUCKETS, SMALLEST_BUCKET, Plan
 from neuron_qwen3.generate.sampling import Sampling
@@ -80,21 +81,14 @@ def prompt_ids(origin: str, record: dict, tokenizer, encoder: Encoder, room: int
     return ids, record["prompt"], messages is not None
 
 
-def plan_of(config) -> Plan:
-    """The generator's shapes: the step's completions on this rank (up to SLOTS) at once, prompts in up to four
-    power-of-two buckets up to the room GRPO_MAX_COMPLETION leaves in the window."""
+def plan_of(config, accumulation: int) -> Plan:
+    """The generator's shapes: the step's completions on this rank (the local batch x the trainer's `accumulation`
+    micro-steps, up to SLOTS) at once, prompts in up to four power-of-two buckets up to the room GRPO_MAX_COMPLETION
+    leaves in the window."""
     room = room_of(config)
     sizes = sorted({min(room, 1 << k) for k in range(SMALLEST_BUCKET.bit_length() - 1, room.bit_length() + 1)})
-    per_step = config.training.local_batch_size * accumulation_of(config)
+    per_step = config.training.local_batch_size * accumulation
     return Plan(slots=min(per_step, SLOTS), buckets=tuple(sizes[-MOST_BUCKETS:]), new_tokens=config.grpo.max_completion)
-
-
-def accumulation_of(config) -> int:
-    """The micro-steps of a step: the global batch over local batch x data-parallel ranks (finish.py resolved it)."""
-    from neuron_qwen3.finish import data_parallel
-
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    return config.training.global_batch_size // (config.training.local_batch_size * data_parallel(config, world))
 
 
 def stream_seed(seed: int, rank: int, step: int) -> int:
@@ -107,12 +101,12 @@ class Rollout:
     def __init__(self, trainer, rewards, loss_group=None):
         config = trainer.config
         self.trainer, self.config, self.rewards, self.group = trainer, config.grpo, rewards, loss_group
-        self.tokenizer = samples.tokenizer_of(config)
+        self.tokenizer = generator_setup.tokenizer_of(config)
         self.encoder = Encoder(self.tokenizer)
         self.seq_len, self.batch = config.training.seq_len, config.training.local_batch_size
-        self.plan = plan_of(config)
-        gather, _, why = samples.gathering(config, self.plan, samples.rank_memory_gib(config))
-        stops = samples.stop_ids(self.tokenizer)
+        self.plan = plan_of(config, trainer.gradient_accumulation_steps)
+        gather, _, why = generator_setup.gathering(config, self.plan, generator_setup.rank_memory_gib(config))
+        stops = generator_setup.stop_ids(self.tokenizer)
         self.generator = Generator(trainer.model_parts[0], self.plan, stops, pad_id=self.pad_id, gather_once=gather)
         for phase, shape in self.plan.shapes():
             logger.info(f"grpo: the generator's {phase} shape {list(shape)}")
