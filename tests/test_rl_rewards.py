@@ -127,9 +127,9 @@ def user_module(tmp_path):
         def short(completions, **kwargs):
             return [1.0] * (len(completions) - 1)
 
-        def fails_on_the_third(completions, **kwargs):
-            if "c" in completions:
-                raise ValueError("no reward for c")
+        def fails_on_the_fifth(completions, **kwargs):
+            if "e" in completions:
+                raise ValueError("no reward for e")
             return [1.0] * len(completions)
 
         def fails_in_a_batch(completions, **kwargs):
@@ -238,7 +238,6 @@ def test_a_broken_module_is_a_reward_error(tmp_path):
     "func, value, parts",
     [
         ("broken", None, ["raised ZeroDivisionError: division by zero on data/prompts.jsonl:1"]),
-        ("fails_on_the_third", None, ["raised ValueError: no reward for c on data/prompts.jsonl:3"]),
         ("fails_in_a_batch", None, ["raised ValueError: one record at a time on its batch of 3 records, "]),
         ("generator", None, ["returned a generator, not a list of rewards, on its batch of 3 records"]),
         ("short", None, ["returned 2 rewards for 3 completions on its batch of 3 records, data/prompts.jsonl:1 to "]),
@@ -254,6 +253,17 @@ def test_bad_rewards(user_module, func, value, parts):
         run.score(["p"] * 3, ["a", "b", "c"], [[1]] * 3, {"value": [value] * 3}, ORIGINS[:3])
     message = one_line(error, f"GRPO_REWARDS: {name}:{func} ", *parts)
     assert message.startswith("GRPO_REWARDS: ")
+
+
+def test_a_function_that_fails_on_the_fifth_of_eight_records_names_the_fifth(user_module):
+    folder, name = user_module
+    run = rewards.load(f"{name}:fails_on_the_fifth", "", 16, search=(folder,))
+    completions = list("abcdefgh")
+    with pytest.raises(rewards.RewardError) as error:
+        run.score(["p"] * 8, completions, [[1]] * 8, {}, ORIGINS[:8])
+    one_line(
+        error, f"GRPO_REWARDS: {name}:fails_on_the_fifth raised ValueError: no reward for e on data/prompts.jsonl:5"
+    )
 
 
 def test_accuracy_without_a_gold_column_names_the_record():
