@@ -43,11 +43,11 @@ def base_model(variant: str, folder: str) -> None:
         "import importlib.util, sys, torch, transformers\n"
         "from entrypoint.variants import VARIANTS\n"
         "from neuron_qwen3 import config_registry, shapes\n"
-        "from neuron_qwen3.prelaunch import preflight\n"
+        "from neuron_qwen3.prelaunch import model_folder\n"
         "accelerated = torch.cuda.is_available() or importlib.util.find_spec('torch_neuronx') is not None\n"
         f"config = getattr(config_registry, VARIANTS[{variant!r}].configs['bench' if accelerated else 'bench_cpu'])()\n"
         "torch.manual_seed(0)\n"
-        "hf = transformers.AutoConfig.for_model(**shapes.hf_config(preflight.trained_shape(config)))\n"
+        "hf = transformers.AutoConfig.for_model(**shapes.hf_config(model_folder.trained_shape(config)))\n"
         "transformers.AutoModelForCausalLM.from_config(hf).save_pretrained(sys.argv[1])\n"
     )
     subprocess.run(

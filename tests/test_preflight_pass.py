@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from conftest import REPO, launcher_at
 from neuron_qwen3 import config_registry, shapes
-from neuron_qwen3.prelaunch import preflight, versions
+from neuron_qwen3.prelaunch import model_folder, preflight, versions
 
 SMOKE_CONFIG = json.loads((config_registry.HF_MODEL["smoke"] / "config.json").read_text())
 
@@ -50,12 +50,12 @@ def loading(source, *flags, config_name="native_qwen3_smoke"):
 
 def test_the_smoke_shape_passes(tmp_path):
     parsed = loading(hf_model(tmp_path / "m"))
-    assert preflight.init_from(parsed, preflight.trained_shape(parsed), None) == ([], [])
+    assert model_folder.init_from(parsed, model_folder.trained_shape(parsed), None) == ([], [])
 
 
 def test_another_architecture_is_refused(tmp_path):
     parsed = loading(hf_model(tmp_path / "m"), config_name="nki_moe_qwen3_smoke")
-    problems, _ = preflight.init_from(parsed, preflight.trained_shape(parsed), None)
+    problems, _ = model_folder.init_from(parsed, model_folder.trained_shape(parsed), None)
     assert problems == [
         f"INIT_FROM='{tmp_path / 'm'}' has model_type='qwen3' but the run trains model_type='qwen3_moe'"
     ]
@@ -69,7 +69,7 @@ def test_a_shape_mismatch_names_the_first_differing_field_and_both_values(tmp_pa
         hidden_size=SMOKE_CONFIG["hidden_size"] * 2,
     )
     parsed = loading(source, config_name=config_name)
-    problems, _ = preflight.init_from(parsed, preflight.trained_shape(parsed), None)
+    problems, _ = model_folder.init_from(parsed, model_folder.trained_shape(parsed), None)
     assert problems == [
         f"INIT_FROM='{source}' has hidden_size={SMOKE_CONFIG['hidden_size'] * 2} but the run trains "
         f"hidden_size={SMOKE_CONFIG['hidden_size']}"
@@ -88,14 +88,14 @@ def test_a_folder_that_is_not_a_model(tmp_path, case):
     elif case == "not safetensors":
         (source / "model.safetensors").write_bytes(b"\x00" * 64)
     parsed = loading(source)
-    problems, _ = preflight.init_from(parsed, preflight.trained_shape(parsed), None)
+    problems, _ = model_folder.init_from(parsed, model_folder.trained_shape(parsed), None)
     assert len(problems) == 1 and "\n" not in problems[0] and problems[0].startswith(f"INIT_FROM='{source}': ")
 
 
 def test_resuming_wins_over_init_from_with_one_notice(tmp_path):
     broken = hf_model(tmp_path / "other", hidden_size=1)
     parsed = loading(broken, f"--checkpoint.folder={tmp_path / 'ckpt'}")
-    problems, warnings = preflight.init_from(parsed, preflight.trained_shape(parsed), 5)
+    problems, warnings = model_folder.init_from(parsed, model_folder.trained_shape(parsed), 5)
     assert problems == [] and warnings == [
         f"INIT_FROM is ignored: {tmp_path / 'ckpt'} holds a complete checkpoint (step 5), and the run resumes from it"
     ]
@@ -340,9 +340,9 @@ def test_a_moe_folder_saved_by_transformers_is_read_as_transformers_reads_it(tmp
     transformers.Qwen3MoeConfig(**shape).save_pretrained(tmp_path / "moe")
     save_file({"w": torch.zeros(4)}, str(tmp_path / "moe" / "model.safetensors"))
     assert "num_local_experts" in json.loads((tmp_path / "moe" / "config.json").read_text())
-    assert preflight.init_from(parsed, preflight.trained_shape(parsed), None) == ([], [])
+    assert model_folder.init_from(parsed, model_folder.trained_shape(parsed), None) == ([], [])
     transformers.Qwen3MoeConfig(**{**shape, "num_experts": 8}).save_pretrained(tmp_path / "moe")
-    assert preflight.init_from(parsed, preflight.trained_shape(parsed), None)[0] == [
+    assert model_folder.init_from(parsed, model_folder.trained_shape(parsed), None)[0] == [
         f"INIT_FROM='{tmp_path / 'moe'}' has num_experts=8 but the run trains num_experts=4"
     ]
 
