@@ -83,7 +83,14 @@ def cases(data: dict) -> dict:
         "native": dict(VARIANT="native", VALIDATION=str(CORPUS), VALIDATION_INTERVAL="2"),
         "v5": dict(VARIANT="v5"),
         "nki_moe": dict(VARIANT="nki_moe"),
-        "dpo": dict(VARIANT="native", METHOD="dpo", DATASET=data["pairs"], SEQ_LEN="64", SAMPLE_PROMPTS=""),
+        "dpo": dict(
+            VARIANT="native",
+            METHOD="dpo",
+            DATASET=data["pairs"],
+            INIT_FROM=data["model"],
+            SEQ_LEN="64",
+            SAMPLE_PROMPTS="",
+        ),
         "grpo-1": dict(VARIANT="native", **grpo),
         "grpo-2": dict(VARIANT="native", GRPO_ITERATIONS="2", **grpo),
     }

@@ -185,6 +185,7 @@ class RunHooks(Trainer):
         if self.dpo is not None:
             extra.update(self.dpo.interval() or {})
         if self.grpo is not None:
+            self.write_samples(self.rollout.take_shown())
             extra.update(self.rollout.interval())
             extra.update(self.grpo.interval())
         self.titan_log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
@@ -209,8 +210,14 @@ class RunHooks(Trainer):
     def validate_prompts(self, model_parts, step):
         """The validator's pass under METHOD=grpo: the held-out prompts answered greedily and scored, the negated
         mean reward its loss (rl/validation.py)."""
-        loss, found = self.held_out_grpo.validate(step)
+        loss, found, rows = self.held_out_grpo.validate(step)
+        self.write_samples(rows)
         self.metrics_processor.log_validation(loss=loss, step=step, extra_metrics=found)
+
+    def write_samples(self, rows: list) -> None:
+        """GRPO's scored completions (rank 0's) into the run's samples files (report/samples.py)."""
+        if rows:
+            samples.append_rows(samples.folder_of(self.config), rows)
 
     def log_validation(self, loss, step, extra_metrics=None):
         """torchtitan's validation log; with DPO its loss is the pairs' mean DPO loss, their rewards beside it."""
@@ -292,8 +299,8 @@ class RunHooks(Trainer):
             self.first_step = self.step  # the loaded step: the loop has not begun
             if self.sampler:
                 self.sampler.begin(self.step)  # step 0's answers, or a resumed run's samples go on
-            elif self.rollout is not None:
-                self.rollout.begin(self.step)  # its completions and the held-out ones go to the samples too
+            elif self.rollout is not None and samples.writes():  # GRPO's completions go to the samples too
+                samples.restart_rows(samples.folder_of(self.config), self.step)
         if not super().should_continue_training():
             return False
         signum = self.stop_watch.agreed()

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from neuron_qwen3.generate import cache as kv
 from neuron_qwen3.generate.plan import Plan
 from neuron_qwen3.generate.sampling import Sampling, draw
+from neuron_qwen3.interval import IntervalSums
 from neuron_qwen3.quirks import fsdp_round
 
 
@@ -58,7 +59,7 @@ class Generator:
     def generate(self, prompts: list, sampling: Sampling, rng: torch.Generator | None = None) -> list[Completion]:
         assert sampling.greedy or rng is not None, "sampling draws from a seeded generator"
         waves = [prompts[i : i + self.plan.slots] for i in range(0, len(prompts), self.plan.slots)]
-        count = self._agreed(len(waves), dist.ReduceOp.MAX)
+        count = self._agreed(len(waves), "max")
         answers = []
         gathered = fsdp_round.gathered(self.model) if self.gather_once else contextlib.nullcontext()
         with torch.no_grad(), kv.installed(self.model, self.cache), gathered, self._hidden_states():
@@ -100,7 +101,7 @@ class Generator:
                 if int(picks[s]) in self.stops:
                     out[s].stop, live[s] = "end", False
             done = step + 1 == self.plan.new_tokens
-            if done or (step + 1) % self.agree_every == 0 and not self._agreed(int(live.sum()), dist.ReduceOp.SUM):
+            if done or (step + 1) % self.agree_every == 0 and not self._agreed(int(live.sum()), "sum"):
                 break
             # each live slot's pick goes to its next position; a finished slot stays where it is and rewrites a
             # position past its end, which no query reads
@@ -128,9 +129,9 @@ class Generator:
         hidden = hidden[rows, read.to(device)] if read is not None else hidden[:, -1]
         return self.model.lm_head(hidden)
 
-    def _agreed(self, value: int, op) -> int:
-        if not (dist.is_initialized() and dist.get_world_size() > 1):
-            return value
-        tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
-        dist.all_reduce(tensor, op=op)
-        return int(tensor.item())
+    def _agreed(self, value: int, across: str) -> int:
+        """`value` over every rank (`across`: "sum" or "max"): the waves and the live slots all ranks run."""
+        world = dist.is_initialized() and dist.get_world_size() > 1
+        figures = IntervalSums(dist.group.WORLD if world else None, self.device)
+        figures.add(across=across, value=value)
+        return int(figures.reduced()["value"])

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torchtitan.models.common.moe import MoE
 
+from neuron_qwen3.interval import IntervalSums
 from neuron_qwen3.moe.experts import NKIGroupedExperts
 
 QWEN3_MOE_AUX = 0.001  # Qwen3-MoE's config.json router_aux_loss_coef
@@ -37,8 +38,7 @@ class RouterWatch:
         self.aux_coef, self.z_coef, self.accumulation, self.group = aux, z, accumulation, group
         self.num_experts = self.layers[0].router.num_experts if self.layers else 0
         self.capturing, self.real, self.logits, self.picks = False, None, {}, {}
-        self.sums = None  # on the device, over the interval: counts [L*E], entropy [L], rows, aux, z, kernel rows [2]
-        self.steps = 0
+        self.sums = IntervalSums(group)  # the interval's load, losses and kernel rows, on the device until logged
         self.last = None  # the last logged interval's load (`interval`), which the run report reads
         for i, layer in enumerate(self.layers):
             layer.router.gate.register_forward_hook(self._record(self.logits, i, lambda out: out))
@@ -93,11 +93,15 @@ class RouterWatch:
         aux = self.num_experts * ((counts_E / rows) * torch.stack(probs).sum(dim=0)).sum() / rows
         z = torch.stack(z_sums).sum() / rows
         kernel = self.kernel if self.kernel is not None else totals.new_zeros(2)
-        step = torch.cat(
-            [totals.double(), aux.detach().double()[None], z.detach().double()[None], kernel.to(device).double()]
+        self.sums.add(  # already the group's, by the all-reduce above
+            across="kept",
+            counts=totals[: counts_LE.numel()],
+            entropy=totals[counts_LE.numel() : -1],
+            rows=totals[-1],
+            micro_steps=1,
         )
-        self.sums = step if self.sums is None else self.sums + step
-        self.steps += 1
+        # each rank's share of the global aux and z (the loss is linear in P); the kernel rows: its own
+        self.sums.add(aux=aux.detach(), z=z.detach(), routed=kernel[0].to(device), computed=kernel[1].to(device))
         return (self.aux_coef * aux + self.z_coef * z) / self.accumulation
 
     def interval(self) -> dict | None:
@@ -105,19 +109,12 @@ class RouterWatch:
         the mean router entropy (nats); the aux and z losses (means over the micro-steps); the share of the NKI
         experts' block rows that are padding (None without them). Collective; None when nothing was routed. Kept
         as `last`, for the run report."""
-        if not self.steps:
+        if not self.sums:
             self.last = None
             return None
-        sums = self.sums.clone()
-        if self.group is not None:  # aux and z: each rank's share of the global value; the kernel rows: its own
-            shares = sums[-4:].clone()
-            dist.all_reduce(shares, group=self.group)
-            sums[-4:] = shares
-        sums = sums.cpu()
-        size = len(self.layers) * self.num_experts
-        counts = sums[:size].reshape(len(self.layers), self.num_experts)
-        entropy, rows = sums[size : size + len(self.layers)], float(sums[size + len(self.layers)])
-        aux, z, routed, computed = sums[-4:].tolist()
+        sums = self.sums.reduced()
+        counts = sums["counts"].reshape(len(self.layers), self.num_experts)
+        entropy, rows, steps = sums["entropy"], sums["rows"], sums["micro_steps"]
         layers = [
             {
                 "tokens": [int(round(c)) for c in row.tolist()],
@@ -126,12 +123,11 @@ class RouterWatch:
             }
             for row, h in zip(counts, entropy.tolist())
         ]
-        self.sums, steps, self.steps = None, self.steps, 0
         self.last = {
             "layers": layers,
-            "aux": aux / steps,
-            "z": z / steps,
-            "padding": 1 - routed / computed if computed else None,
+            "aux": sums["aux"] / steps,
+            "z": sums["z"] / steps,
+            "padding": 1 - sums["routed"] / sums["computed"] if sums["computed"] else None,
         }
         return self.last
 

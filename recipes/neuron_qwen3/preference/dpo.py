@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torchtitan.components.loss import IGNORE_INDEX
 
 from neuron_qwen3 import settings
+from neuron_qwen3.interval import IntervalSums
 
 LOSSES = settings.choices(settings.Preference, "loss")  # DPO_LOSS's one list: the field's Literal
 PER_PAIR = (
@@ -72,7 +73,7 @@ def pair_losses(policy, reference, counts, beta: float, kind: str) -> tuple:
 
 class Dpo:
     """The trainer's loss function under METHOD=dpo; `reference_pass` first gives it the micro-step's reference
-    log-probabilities. `sums` (on the device, over the logging interval): the metrics' sums and the pairs."""
+    log-probabilities. `sums`: the logging interval's sums over its pairs (on the device until `interval`)."""
 
     def __init__(self, model, reference, beta: float, kind: str, sft_weight: float, accumulation: int, group=None):
         assert kind in LOSSES, f"DPO loss {kind!r} is not one of {', '.join(LOSSES)}"
@@ -80,7 +81,7 @@ class Dpo:
         self.sft_weight = sft_weight
         self.accumulation, self.group = accumulation, group
         self.reference_sums = self.positions = None
-        self.sums = None
+        self.sums = IntervalSums(group)
 
     def reference_pass(self, inputs, labels, extra: dict, records=None) -> None:
         """Before the micro-step's forward: the reference's sums (`records`: each token's record, for a reference
@@ -103,35 +104,30 @@ class Dpo:
         sft = -(policy[..., 0] * present).sum() / everywhere[1].clamp_min(1)
         loss = ((losses * present).sum() / everywhere[0].clamp_min(1) + self.sft_weight * sft) / self.accumulation
         logps = policy.detach()
-        step = torch.stack(
-            [
-                (losses.detach() * present).sum(),
-                (chosen * present).sum(),
-                (rejected * present).sum(),
-                ((chosen > rejected).float() * present).sum(),
-                ((chosen - rejected) * present).sum(),
-                (logps[..., 0] * present).sum(),
-                (logps[..., 1] * present).sum(),
-                chosen_tokens.detach(),
-                pairs.detach(),
-            ]
+        per_pair = (
+            losses.detach(),
+            chosen,
+            rejected,
+            (chosen > rejected).float(),
+            chosen - rejected,
+            logps[..., 0],
+            logps[..., 1],
         )
-        self.sums = step.double() if self.sums is None else self.sums + step.double()
+        self.sums.add(**{name: (value * present).sum() for name, value in zip(PER_PAIR, per_pair, strict=True)})
+        self.sums.add(chosen_tokens=chosen_tokens.detach(), pairs=pairs.detach())
         return loss, None
 
     def interval(self) -> dict | None:
         """The means over every pair since the last call, over every rank (collective), and `sft`: the chosen
         completions' mean token NLL; None: no pair."""
-        if self.sums is None:
+        if not self.sums:
             return None
-        sums, self.sums = self.sums, None
-        if self.group is not None:
-            dist.all_reduce(sums, group=self.group)
-        *per_pair, chosen_tokens, pairs = sums.cpu().tolist()
+        sums = self.sums.reduced()
+        pairs = sums["pairs"]
         if not pairs:
             return None
         return {
-            **{f"dpo/{name}": value / pairs for name, value in zip(PER_PAIR, per_pair)},
-            "dpo/sft": -per_pair[PER_PAIR.index("logps/chosen")] / chosen_tokens,
+            **{f"dpo/{name}": sums[name] / pairs for name in PER_PAIR},
+            "dpo/sft": -sums["logps/chosen"] / sums["chosen_tokens"],
             "dpo/pairs": pairs,
         }

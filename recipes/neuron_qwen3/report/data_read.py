@@ -8,8 +8,7 @@ parallel; context-parallel ranks read the same windows, so their sums are divide
 where every rank runs them: in the trainer's logged step (trainer.py), as the MoE router watch's do.
 """
 
-import torch
-import torch.distributed as dist
+from neuron_qwen3.interval import IntervalSums
 
 SUMMED = ("records", "turns", "tokens_trained", "tokens_masked", "tokens_padding", "truncated", "split", "tokens_cut")
 
@@ -24,27 +23,28 @@ class DataRead:
         stats = self.loader.stats()
         sources = stats.get("sources") or {}
         cache = stats.get("cache")
-        summed = [stats[key] for key in SUMMED] + [n for s in sources.values() for n in s.values()]
-        most = [
-            stats["epoch"],
-            0 if cache is None or cache["hit"] else 1,
-            round(cache["prepare_s"] * 1000) if cache else 0,
-            round(cache["built_s"] * 1000) if cache and cache["built_s"] is not None else -1,
-        ]
-        summed, most = (torch.tensor(values, dtype=torch.int64, device=self.device) for values in (summed, most))
-        if self.group is not None:
-            dist.all_reduce(summed, group=self.group)
-            dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)
-        summed, most = (summed // self.cp).tolist(), most.tolist()
-        found = {"kind": stats["kind"], "epoch": most[0], **dict(zip(SUMMED, summed))}
-        rest = iter(summed[len(SUMMED) :])
+        figures = IntervalSums(self.group, self.device)
+        figures.add(**{key: stats[key] for key in SUMMED})
+        figures.add(**{f"sources/{name}/{key}": n for name, counts in sources.items() for key, n in counts.items()})
+        figures.add(  # the slowest rank's, or whether any rank missed the cache
+            across="max",
+            epoch=stats["epoch"],
+            cache_missed=0 if cache is None or cache["hit"] else 1,
+            prepare_ms=round(cache["prepare_s"] * 1000) if cache else 0,
+            built_ms=round(cache["built_s"] * 1000) if cache and cache["built_s"] is not None else -1,
+        )
+        totals = {name: int(value) for name, value in figures.reduced().items()}
+        found = {"kind": stats["kind"], "epoch": totals["epoch"], **{key: totals[key] // self.cp for key in SUMMED}}
         if sources:
-            found["sources"] = {name: {key: next(rest) for key in counts} for name, counts in sources.items()}
+            found["sources"] = {
+                name: {key: totals[f"sources/{name}/{key}"] // self.cp for key in counts}
+                for name, counts in sources.items()
+            }
         if cache is not None:
             found["cache"] = {
-                "hit": most[1] == 0,
-                "prepare_s": most[2] / 1000,
-                "built_s": most[3] / 1000 if most[3] >= 0 else None,
+                "hit": totals["cache_missed"] == 0,
+                "prepare_s": totals["prepare_ms"] / 1000,
+                "built_s": totals["built_ms"] / 1000 if totals["built_ms"] >= 0 else None,
                 "folder": cache["folder"],
             }
         self.last = found

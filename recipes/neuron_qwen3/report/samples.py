@@ -56,7 +56,7 @@ class Sampler:
             logger.info(f"samples: the generator's {phase} shape {list(shape)}")
         logger.info(f"samples: {why}")
         self.writer = writes()
-        self.folder = Path(config.dump_folder) / FOLDER
+        self.folder = folder_of(config)
         self.seconds, self.last = 0.0, None
         self.tensorboard = None
         if self.writer and config.metrics.enable_tensorboard:
@@ -126,6 +126,10 @@ class Sampler:
             "forwards": [[phase, list(shape), n] for (phase, shape), n in sorted(self.generator.forwards.items())],
             "seconds": round(self.seconds, 3),
         }
+
+
+def folder_of(config) -> Path:
+    return Path(config.dump_folder) / FOLDER
 
 
 def writes() -> bool:

@@ -15,10 +15,10 @@ divided by accumulation x ranks, except dapo, whose divisor is the whole step's 
 """
 
 import torch
-import torch.distributed as dist
 from torchtitan.components.loss import IGNORE_INDEX
 
 from neuron_qwen3 import settings
+from neuron_qwen3.interval import IntervalSums
 from neuron_qwen3.preference.dpo import logits_of, token_logps
 
 LOSSES = settings.choices(settings.Grpo, "loss")
@@ -112,7 +112,7 @@ class GrpoLoss:
         self.model, self.config, self.reference = model, config, reference
         self.accumulation, self.ranks, self.group = accumulation, ranks, group
         self.columns = None
-        self.sums = self.widest = None
+        self.sums = IntervalSums(group)  # the interval's token sums and the widest sampling difference
 
     def prepare(self, inputs, labels, extra: dict, columns: dict) -> None:
         """The micro-step's rollout columns (advantages, the generator's log-probabilities `old`, and `learner_old`:
@@ -145,25 +145,27 @@ class GrpoLoss:
             low = (ratio < 1 - c.epsilon) & (adv < 0)
             high = (ratio > 1 + epsilon_high) & (adv > 0)
             gap = (logps.detach() - generated).abs() * mask  # the sampler against the learner, as TRL's vLLM check
-            found = [entropy, low.float(), high.float(), (low | high).float(), kl if kl is not None else 0 * entropy]
-            step = torch.stack([(value * mask).sum() for value in found] + [gap.sum(), mask.sum()]).double()
-            self.sums = step if self.sums is None else self.sums + step
-            self.widest = torch.maximum(self.widest, gap.max().double()) if self.widest is not None else gap.max()
+            per_token = {
+                "entropy": entropy,
+                "clip_ratio/low_mean": low.float(),
+                "clip_ratio/high_mean": high.float(),
+                "clip_ratio/region_mean": (low | high).float(),
+                "kl": kl if kl is not None else 0 * entropy,
+            }
+            self.sums.add(**{name: (value * mask).sum() for name, value in per_token.items()})
+            self.sums.add(**{"sampling/logp_difference/mean": gap.sum(), "tokens": mask.sum()})
+            self.sums.most(widest=gap.max())
         return loss, None
 
     def interval(self) -> dict:
         """Token means since the last call, over every rank; KL only with a reference. The sampling difference is
         |log pi - the generator's log-probability| of each token: 0 up to float error before the first update of a
         generation, as the sampler and the learner are the same modules."""
-        if self.sums is None:
+        if not self.sums:
             return {}
-        sums, widest, self.sums, self.widest = self.sums, self.widest.double().reshape(1), None, None
-        if self.group is not None:
-            dist.all_reduce(sums, group=self.group)
-            dist.all_reduce(widest, op=dist.ReduceOp.MAX, group=self.group)
-        *values, tokens = sums.cpu().tolist()
-        found = {f"grpo/{name}": value / max(tokens, 1) for name, value in zip(METRICS, values)}
-        found["grpo/sampling/logp_difference/max"] = float(widest.item())
+        sums = self.sums.reduced()
+        found = {f"grpo/{name}": sums[name] / max(sums["tokens"], 1) for name in METRICS}
+        found["grpo/sampling/logp_difference/max"] = sums["widest"]
         if not self.config.beta:
             del found["grpo/kl"]
         return found

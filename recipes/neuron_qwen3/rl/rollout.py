@@ -11,7 +11,6 @@ are the whole generation's, so a group may span micro-batches. The sampler draws
 
 import pickle
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,8 +27,8 @@ from neuron_qwen3.generate import setup as generator_setup
 from neuron_qwen3.generate.engine import Generator
 from neuron_qwen3.generate.plan import MOST_BUCKETS, SMALLEST_BUCKET, Plan
 from neuron_qwen3.generate.sampling import Sampling
+from neuron_qwen3.interval import IntervalSums
 from neuron_qwen3.preference.reference import AdaptersOff, Frozen
-from neuron_qwen3.report import samples
 from neuron_qwen3.rl import rewards as reward_functions
 from neuron_qwen3.rl.grpo import GrpoLoss, advantages
 
@@ -114,14 +113,14 @@ class Rollout:
         self.sampling = Sampling(temperature=self.config.temperature, top_k=self.config.top_k, top_p=self.config.top_p)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.buffer, self.left = [], 0
-        self.sums, self.longest, self.since = None, 0.0, time.perf_counter()
-        self.writer, self.folder = samples.writes(), Path(config.dump_folder) / samples.FOLDER
+        self.sums, self.since = IntervalSums(loss_group, trainer.device), time.perf_counter()
+        self.writer = self.rank == 0  # the rank whose completions become samples rows
         self.shown = []  # the last generation's first group with its rewards, for samples.md at the next log
 
-    def begin(self, step: int) -> None:
-        """At the loaded step, when no sampler restarts samples.jsonl (report/samples.py)."""
-        if self.writer:
-            samples.restart_rows(self.folder, step)
+    def take_shown(self) -> list:
+        """The samples rows of the generations since the last call (rank 0's; none on the others)."""
+        shown, self.shown = self.shown, []
+        return shown
 
     def state_dict(self) -> dict:
         """For the checkpoint (the trainer's train state): the steps left on the last generation and its micro-batches,
@@ -245,66 +244,61 @@ class Rollout:
     def _count(self, per_function, total, answers, zero_std, generating: float, scoring: float) -> None:
         """Sums over the logging interval: each reward's and the total's (sum, sum of squares, count), the
         completions' lengths, the truncated ones, the groups of zero reward std, the seconds generating and
-        scoring."""
+        scoring (the slowest rank's), the longest completion."""
         lengths = [len(a.tokens) for a in answers]
         g = self.config.generations
-        found = reward_sums(per_function, total) + [
-            sum(lengths),
-            float(len(answers)),
-            float(sum(a.stop == "length" for a in answers)),
-            float(zero_std.view(-1, g)[:, 0].sum()),
-            float(len(answers) // g),
-            generating,
-            scoring,
-        ]
-        step = [float(v) for v in found]
-        self.sums = step if self.sums is None else [a + b for a, b in zip(self.sums, step, strict=True)]
-        self.longest = max(self.longest, float(max(lengths)))
+        self.sums.add(**reward_sums(self.rewards.names, per_function, total))
+        self.sums.add(
+            lengths=float(sum(lengths)),
+            completions=float(len(answers)),
+            truncated=float(sum(a.stop == "length" for a in answers)),
+            flat_groups=float(zero_std.view(-1, g)[:, 0].sum()),
+            groups=float(len(answers) // g),
+        )
+        self.sums.add(across="max", generate_s=generating, score_s=scoring)
+        self.sums.most(longest=float(max(lengths)))
 
     def interval(self) -> dict:
         """The interval's means over every rank (a collective): rewards (each function's and the total's mean and
         std), completion lengths, the truncated share, the share of groups whose rewards are all equal, and how the
         interval's seconds divide between generating, scoring and the rest, training (the slowest rank's)."""
-        if self.writer and self.shown:
-            samples.append_rows(self.folder, self.shown)
-            self.shown = []
-        if self.sums is None:
+        if not self.sums:
             return {}
         now = time.perf_counter()
-        sums, longest, self.sums, self.longest = self.sums, self.longest, None, 0.0
         elapsed, self.since = now - self.since, now
-        model = self.trainer.model_parts[0]
-        values = reduced(sums, self.group, model)
-        slowest = [longest, *sums[-2:]]  # the longest completion, the slowest rank's seconds
-        longest, *seconds = reduced(slowest, self.group, model, dist.ReduceOp.MAX)
-        found = reward_stats(self.rewards.names, values, "grpo/")
-        lengths, completions, truncated, flat, groups = values[3 * (len(self.rewards.names) + 1) : -2]
+        sums = self.sums.reduced()
+        found = reward_stats(self.rewards.names, sums, "grpo/")
         found.update(
             {
-                "grpo/completions/mean_length": lengths / completions,
-                "grpo/completions/max_length": longest,
-                "grpo/completions/truncated_share": truncated / completions,
-                "grpo/frac_reward_zero_std": flat / groups,
-                "grpo/time/generate_s": seconds[0],
-                "grpo/time/score_s": seconds[1],
-                "grpo/time/train_s": max(elapsed - seconds[0] - seconds[1], 0.0),
+                "grpo/completions/mean_length": sums["lengths"] / sums["completions"],
+                "grpo/completions/max_length": sums["longest"],
+                "grpo/completions/truncated_share": sums["truncated"] / sums["completions"],
+                "grpo/frac_reward_zero_std": sums["flat_groups"] / sums["groups"],
+                "grpo/time/generate_s": sums["generate_s"],
+                "grpo/time/score_s": sums["score_s"],
+                "grpo/time/train_s": max(elapsed - sums["generate_s"] - sums["score_s"], 0.0),
             }
         )
         return found
 
 
-def reward_sums(per_function: torch.Tensor, total: torch.Tensor) -> list:
-    """Each reward's and the total's (sum, sum of squares, count) over the completions, leaving out a reward no
+def reward_sums(names: list, per_function: torch.Tensor, total: torch.Tensor) -> dict:
+    """Each reward's and the total's sum, sum of squares and count over the completions, leaving out a reward no
     function gave (NaN): what reward_stats reads once every rank's have been added up."""
-    found = []
-    for column in [*per_function.T.double(), total.double()]:
+    found = {}
+    columns = [*per_function.T.double(), total.double()]
+    for name, column in zip([*(f"rewards/{n}" for n in names), "reward"], columns, strict=True):
         kept = column[~column.isnan()]
-        found += [float(kept.sum()), float((kept**2).sum()), float(kept.numel())]
+        found |= {
+            f"{name}/sum": float(kept.sum()),
+            f"{name}/squares": float((kept**2).sum()),
+            f"{name}/count": float(kept.numel()),
+        }
     return found
 
 
 def scored_rows(step: int, asked: list, answers: list, per_function, total, names: list, decode) -> list:
-    """samples.jsonl rows (report/samples.py) of `answers` with each reward and the total; `asked`: the (origin,
+    """samples.jsonl rows of `answers` with each reward and the total; `asked`: the (origin,
     record) each answer is to. A reward no function gave is null."""
     rows = []
     for k, (answer, (origin, record)) in enumerate(zip(answers, asked, strict=True)):
@@ -325,24 +319,14 @@ def scored_rows(step: int, asked: list, answers: list, per_function, total, name
     return rows
 
 
-def reward_stats(names: list, values: list, prefix: str) -> dict:
+def reward_stats(names: list, sums: dict, prefix: str) -> dict:
     """`{prefix}rewards/<name>/mean` and `/std` for each reward function, `{prefix}reward/...` for the total, from
-    reward_sums' figures at the head of `values`; a reward no completion was given is left out."""
+    reward_sums' figures in `sums`; a reward no completion was given is left out."""
     found = {}
-    for k, name in enumerate([*(f"rewards/{n}" for n in names), "reward"]):
-        total, squares, count = values[3 * k : 3 * k + 3]
+    for name in [*(f"rewards/{n}" for n in names), "reward"]:
+        total, squares, count = (sums[f"{name}/{part}"] for part in ("sum", "squares", "count"))
         if count:
             mean = total / count
             found[f"{prefix}{name}/mean"] = mean
             found[f"{prefix}{name}/std"] = max(squares / count - mean**2, 0.0) ** 0.5
     return found
-
-
-def reduced(figures: list, group, model, op=dist.ReduceOp.SUM) -> list:
-    """`figures` reduced over the ranks of `group`, in float64 on the model's device (the process group's backend
-    may not take host tensors); as they are without a group."""
-    if group is None:
-        return [float(v) for v in figures]
-    on_device = torch.tensor([float(v) for v in figures], dtype=torch.float64, device=next(model.parameters()).device)
-    dist.all_reduce(on_device, op=op, group=group)
-    return on_device.tolist()

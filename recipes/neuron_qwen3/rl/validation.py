@@ -7,20 +7,21 @@ the completions' mean length and truncated share go beside it, and the first few
 to samples.md. Each rank answers every world-th prompt; the generator agrees on the number of waves.
 """
 
+import torch
 import torch.distributed as dist
 
 from neuron_qwen3.data import records
 from neuron_qwen3.data.loader import table_reader, validation_records
 from neuron_qwen3.data.records import DataError
 from neuron_qwen3.generate.sampling import Sampling
-from neuron_qwen3.report import samples
-from neuron_qwen3.rl.rollout import reduced, reward_stats, reward_sums, scored_rows
+from neuron_qwen3.interval import IntervalSums
+from neuron_qwen3.rl.rollout import reward_stats, reward_sums, scored_rows
 
 SHOWN = 4  # held-out completions written to samples.md at each validation
 
 
 class HeldOutPrompts:
-    """`validate()` runs on every rank: (the loss to log, the metrics beside it)."""
+    """`validate()` runs on every rank."""
 
     def __init__(self, trainer, rollout):
         config, self.trainer, self.rollout = trainer.config, trainer, rollout
@@ -41,7 +42,8 @@ class HeldOutPrompts:
         self.batch = whole[rank::world]
         self.asked = [rollout.prompt_ids(origin, record) for origin, record in self.batch]  # too long: one line now
 
-    def validate(self, step: int) -> tuple[float, dict]:
+    def validate(self, step: int) -> tuple[float, dict, list]:
+        """(the loss to log, the metrics beside it, the samples rows of the first few completions: rank 0's)."""
         rollout, model = self.rollout, self.trainer.model_parts[0]
         model.eval()
         try:
@@ -49,21 +51,24 @@ class HeldOutPrompts:
         finally:
             model.train()
         names = rollout.rewards.names
-        figures = [0.0] * (3 * len(names) + 6)  # reward_sums' for each reward and the total, then the lengths
+        per_function, total, rows = torch.empty(0, len(names)), torch.empty(0), []
         if answers:
             per_function, _ = rollout.score(self.batch, self.asked, answers)
             total = rollout.rewards.total(per_function)
-            truncated = sum(a.stop == "length" for a in answers)
-            figures = reward_sums(per_function, total) + [sum(len(a.tokens) for a in answers), truncated, len(answers)]
-            if rollout.writer:  # the rollout's samples files: its training completions go there too
+            if rollout.writer:  # the rollout's samples rows: its training completions go there too
                 shown = answers[:SHOWN]
                 asked = self.batch[: len(shown)]
                 rows = scored_rows(step, asked, shown, per_function, total, names, rollout.tokenizer.decode)
-                samples.append_rows(rollout.folder, rows)
-        values = reduced(figures, rollout.group, model)
-        found = reward_stats(names, values, "validation_metrics/grpo/")
-        lengths, truncated, completions = values[-3:]
-        found["validation_metrics/grpo/completions/mean_length"] = lengths / completions
-        found["validation_metrics/grpo/completions/truncated_share"] = truncated / completions
+        figures = IntervalSums(rollout.group, self.trainer.device)
+        figures.add(**reward_sums(names, per_function, total))
+        figures.add(
+            lengths=float(sum(len(a.tokens) for a in answers)),
+            truncated=float(sum(a.stop == "length" for a in answers)),
+            completions=float(len(answers)),
+        )
+        sums = figures.reduced()
+        found = reward_stats(names, sums, "validation_metrics/grpo/")
+        found["validation_metrics/grpo/completions/mean_length"] = sums["lengths"] / sums["completions"]
+        found["validation_metrics/grpo/completions/truncated_share"] = sums["truncated"] / sums["completions"]
         reward = found.get("validation_metrics/grpo/reward/mean", float("nan"))
-        return -reward, found
+        return -reward, found, rows

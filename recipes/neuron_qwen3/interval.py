@@ -1,0 +1,65 @@
+"""A logging interval's figures by name, reduced over the ranks once: how every watcher and the generator report.
+
+A watcher adds each micro-step's figures where they were computed (on the device: no host sync); at a logged step
+`reduced()` runs one all-reduce per kind of reduction over the group and copies the result to the host once. Every
+rank of the group must add the same names in the same order, as for any collective. Figures are float64.
+"""
+
+import torch
+import torch.distributed as dist
+
+OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "kept": None}
+
+
+class IntervalSums:
+    def __init__(self, group=None, device=None):
+        """`group`: the ranks to reduce over (None: this process alone); `device`: where the reduction runs, as the
+        process group's backend may not take host tensors (None: the first figure's device)."""
+        self.group, self.device = group, device
+        self.figures = {}  # name -> [float64 tensor, how the ranks' values combine]
+
+    def add(self, across: str = "sum", **figures) -> None:
+        """Each figure (a number or a tensor) summed over the interval, and over the ranks `across`: "sum", "max"
+        (the slowest rank's seconds, say) or "kept" (each rank holds the group's value already)."""
+        assert across in OPS, f"across {across!r} is not one of {', '.join(OPS)}"
+        for name, value in figures.items():
+            value = torch.as_tensor(value, dtype=torch.float64)
+            if name in self.figures:
+                assert self.figures[name][1] == across, f"{name}: added as {self.figures[name][1]}, now as {across}"
+                self.figures[name][0] = self.figures[name][0] + value
+            else:
+                self.figures[name] = [value, across]
+
+    def most(self, **figures) -> None:
+        """Each figure's largest value over the interval and over the ranks."""
+        for name, value in figures.items():
+            value = torch.as_tensor(value, dtype=torch.float64)
+            kept = self.figures.get(name)
+            self.figures[name] = [value if kept is None else torch.maximum(kept[0], value), "max"]
+
+    def __bool__(self) -> bool:
+        return bool(self.figures)
+
+    def reduced(self) -> dict:
+        """The interval's figures over the group, on the host: a float each, a tensor for a vector. The next
+        interval starts empty. A collective: every rank of the group calls it."""
+        figures, self.figures = self.figures, {}
+        found = {}
+        for across, op in OPS.items():
+            names = [name for name, (_, kind) in figures.items() if kind == across]
+            if not names:
+                continue
+            parts = [figures[name][0].reshape(-1) for name in names]
+            if op is not None and self.group is not None:
+                device = self.device or parts[0].device
+                flat = torch.cat([part.to(device) for part in parts])
+                dist.all_reduce(flat, op=op, group=self.group)
+            else:
+                flat = torch.cat([part.cpu() for part in parts])
+            flat, start = flat.cpu(), 0
+            for name in names:
+                shape = figures[name][0].shape
+                part = flat[start : start + shape.numel()].reshape(shape)
+                found[name] = float(part) if part.dim() == 0 else part
+                start += shape.numel()
+        return found
