@@ -6,12 +6,11 @@ Run: .venv/bin/python -m pytest tests/test_interval.py -q
 
 import ast
 import json
-import subprocess
 
 import pytest
 import torch
 
-from conftest import RECIPES, torchrun, worker_env
+from conftest import RECIPES, run_scenario
 from neuron_qwen3.interval import IntervalSums
 
 
@@ -39,31 +38,8 @@ def test_a_figure_added_two_ways_is_refused():
         sums.add(across="min", x=1.0)
 
 
-GLOO = """
-import json, sys, torch, torch.distributed as dist
-from neuron_qwen3.interval import IntervalSums
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-calls = []
-reduce = dist.all_reduce
-dist.all_reduce = lambda tensor, **kw: (calls.append(tensor.numel()), reduce(tensor, **kw))[1]
-sums = IntervalSums(dist.group.WORLD)
-for step in range(2):
-    sums.add(tokens=rank + 1.0, load=torch.tensor([rank, 10.0 * step]))
-    sums.add(across="max", seconds=1.0 + rank)
-    sums.add(across="kept", rows=7.0)
-    sums.most(widest=3.0 * rank + step)
-found = sums.reduced()
-if rank == 0:
-    print(json.dumps({k: v if isinstance(v, float) else v.tolist() for k, v in found.items()} | {"calls": calls}))
-dist.destroy_process_group()
-"""
-
-
-def test_two_gloo_ranks_one_all_reduce_per_kind(tmp_path):
-    script = tmp_path / "two_ranks.py"
-    script.write_text(GLOO)
-    done = subprocess.run([*torchrun(2), str(script)], env=worker_env(), capture_output=True, text=True, timeout=120)
+def test_two_gloo_ranks_one_all_reduce_per_kind():
+    done = run_scenario("interval_ranks", nproc=2, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["tokens"] == 2 * 1.0 + 2 * 2.0  # each rank's interval sum, summed over the ranks

@@ -35,6 +35,7 @@ class IntervalSums:
         for name, value in figures.items():
             value = torch.as_tensor(value, dtype=torch.float64)
             kept = self.figures.get(name)
+            assert kept is None or kept[1] == "max", f"{name}: added as {kept[1]}, now as a maximum"
             self.figures[name] = [value if kept is None else torch.maximum(kept[0], value), "max"]
 
     def __bool__(self) -> bool:
@@ -54,9 +55,10 @@ class IntervalSums:
                 device = self.device or parts[0].device
                 flat = torch.cat([part.to(device) for part in parts])
                 dist.all_reduce(flat, op=op, group=self.group)
+                flat = flat.cpu()
             else:
                 flat = torch.cat([part.cpu() for part in parts])
-            flat, start = flat.cpu(), 0
+            start = 0
             for name in names:
                 shape = figures[name][0].shape
                 part = flat[start : start + shape.numel()].reshape(shape)
