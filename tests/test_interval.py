@@ -25,7 +25,7 @@ def test_sums_and_maxima_over_an_interval_then_a_fresh_one():
     assert found["tokens"] == 6.0 and isinstance(found["tokens"], float)
     assert found["counts"].tolist() == [3.0, 3.0] and found["counts"].dtype == torch.float64
     assert found["seconds"] == 1.5  # summed over the interval; "max" is across the ranks
-    assert found["longest"] == 9.0
+    assert found["longest"] == 9 and isinstance(found["longest"], int)  # a count stays an int (int64)
     assert not sums and sums.reduced() == {}
 
 

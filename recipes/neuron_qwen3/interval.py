@@ -2,13 +2,23 @@
 
 A watcher adds each micro-step's figures where they were computed (on the device: no host sync); at a logged step
 `reduced()` runs one all-reduce per kind of reduction over the group and copies the result to the host once. Every
-rank of the group must add the same names in the same order, as for any collective. Figures are float64.
+rank of the group must add the same names in the same order, as for any collective. Counts (ints, integer
+tensors) stay int64 and everything else is float64, so the device runs the dtypes it ran before: the simulated
+device's census (docs/neuron-ops.md) counts every new one.
 """
+
+import itertools
 
 import torch
 import torch.distributed as dist
 
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "kept": None}
+DTYPES = (torch.int64, torch.float64)
+
+
+def figure(value) -> torch.Tensor:
+    value = torch.as_tensor(value)
+    return value.to(torch.float64 if value.is_floating_point() else torch.int64)
 
 
 class IntervalSums:
@@ -23,7 +33,7 @@ class IntervalSums:
         (the slowest rank's seconds, say) or "kept" (each rank holds the group's value already)."""
         assert across in OPS, f"across {across!r} is not one of {', '.join(OPS)}"
         for name, value in figures.items():
-            value = torch.as_tensor(value, dtype=torch.float64)
+            value = figure(value)
             if name in self.figures:
                 assert self.figures[name][1] == across, f"{name}: added as {self.figures[name][1]}, now as {across}"
                 self.figures[name][0] = self.figures[name][0] + value
@@ -33,7 +43,7 @@ class IntervalSums:
     def most(self, **figures) -> None:
         """Each figure's largest value over the interval and over the ranks."""
         for name, value in figures.items():
-            value = torch.as_tensor(value, dtype=torch.float64)
+            value = figure(value)
             kept = self.figures.get(name)
             assert kept is None or kept[1] == "max", f"{name}: added as {kept[1]}, now as a maximum"
             self.figures[name] = [value if kept is None else torch.maximum(kept[0], value), "max"]
@@ -42,26 +52,23 @@ class IntervalSums:
         return bool(self.figures)
 
     def reduced(self) -> dict:
-        """The interval's figures over the group, on the host: a float each, a tensor for a vector. The next
-        interval starts empty. A collective: every rank of the group calls it."""
+        """The interval's figures over the group, on the host: a number each (an int for a count), a tensor for a
+        vector. The next interval starts empty. A collective: every rank of the group calls it."""
         figures, self.figures = self.figures, {}
         found = {}
-        for across, op in OPS.items():
-            names = [name for name, (_, kind) in figures.items() if kind == across]
+        for (across, op), dtype in itertools.product(OPS.items(), DTYPES):
+            names = [name for name, (value, kind) in figures.items() if kind == across and value.dtype == dtype]
             if not names:
                 continue
             parts = [figures[name][0].reshape(-1) for name in names]
+            flat = torch.cat([part.to(parts[0].device) for part in parts])  # where they are: one copy at most
             if op is not None and self.group is not None:
-                device = self.device or parts[0].device
-                flat = torch.cat([part.to(device) for part in parts])
+                flat = flat.to(self.device or flat.device)
                 dist.all_reduce(flat, op=op, group=self.group)
-                flat = flat.cpu()
-            else:
-                flat = torch.cat([part.cpu() for part in parts])
-            start = 0
+            flat, start = flat.cpu(), 0
             for name in names:
                 shape = figures[name][0].shape
                 part = flat[start : start + shape.numel()].reshape(shape)
-                found[name] = float(part) if part.dim() == 0 else part
+                found[name] = part.item() if part.dim() == 0 else part
                 start += shape.numel()
         return found

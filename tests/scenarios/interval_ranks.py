@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from neuron_qwen3.interval import IntervalSums
+from neuron_qwen3.run import teardown
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -22,4 +23,5 @@ for step in range(2):
 found = sums.reduced()
 if rank == 0:
     print(json.dumps({k: v if isinstance(v, float) else v.tolist() for k, v in found.items()} | {"calls": calls}))
-dist.destroy_process_group()
+del sums  # it holds the group
+teardown.destroy_process_groups()  # before finalization, where gloo's threads can abort the process (teardown.py)
