@@ -48,12 +48,11 @@ def models(scale: str, folder: str):
 
 def prompt_ids() -> list:
     from neuron_qwen3 import config_registry
+    from neuron_qwen3.data.prompts import read_prompts
     from neuron_qwen3.generate import setup as generator_setup
 
     tokenizer = generator_setup.tokenizer_of(config_registry.native_qwen3_smoke())
-    return [
-        p.ids for p in generator_setup.read_prompts(str(config_registry.SMOKE_PROMPTS), "messages", tokenizer, 10**6)
-    ]
+    return [p.ids for p in read_prompts(str(config_registry.SMOKE_PROMPTS), "messages", tokenizer, 10**6)]
 
 
 def ours(model, prompts, tokens, seq_len):

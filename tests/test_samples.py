@@ -87,10 +87,10 @@ def greedy(model, ids, stops, tokens=TOKENS):
 
 
 def test_the_prompts_are_transformers_generation_prompts(tmp_path):
-    from neuron_qwen3.generate import setup as generator_setup
+    from neuron_qwen3.data.prompts import read_prompts
 
     path = write(tmp_path / "prompts.jsonl", PROMPTS)
-    found = generator_setup.read_prompts(path, "messages", titan_tokenizer(), room=200)
+    found = read_prompts(path, "messages", titan_tokenizer(), room=200)
     assert [p.ids for p in found] == [transformers_ids(smoke_tokenizer(), row) for row in PROMPTS]
     assert [p.text for p in found] == ["What is 3 plus 4?", "Name a river.", "Say three words."]
     assert [p.thinking for p in found] == [False, None, True] and found[1].origin == f"{path}:2"
@@ -107,11 +107,11 @@ def test_the_prompts_are_transformers_generation_prompts(tmp_path):
 )
 def test_a_bad_prompt_is_one_line_with_its_line(tmp_path, row, says):
     from neuron_qwen3.data import DataError
-    from neuron_qwen3.generate import setup as generator_setup
+    from neuron_qwen3.data.prompts import read_prompts
 
     path = write(tmp_path / "prompts.jsonl", [PROMPTS[0], row])
     with pytest.raises(DataError) as error:
-        generator_setup.read_prompts(path, "messages", titan_tokenizer(), room=200)
+        read_prompts(path, "messages", titan_tokenizer(), room=200)
     assert str(error.value).startswith(f"{path}:2: ") and says in str(error.value) and "\n" not in str(error.value)
 
 
@@ -125,10 +125,10 @@ def sharegpt(row: dict) -> dict:
 
 @pytest.mark.parametrize("field", ["messages", "conversations"])
 def test_a_prompts_file_is_read_in_its_own_form_whatever_the_data_field(tmp_path, field):
-    from neuron_qwen3.generate import setup as generator_setup
+    from neuron_qwen3.data.prompts import read_prompts
 
-    openai = generator_setup.read_prompts(write(tmp_path / "openai.jsonl", PROMPTS), field, titan_tokenizer(), room=200)
-    share = generator_setup.read_prompts(
+    openai = read_prompts(write(tmp_path / "openai.jsonl", PROMPTS), field, titan_tokenizer(), room=200)
+    share = read_prompts(
         write(tmp_path / "sharegpt.jsonl", [sharegpt(row) for row in PROMPTS]), field, titan_tokenizer(), room=200
     )
     assert [p.ids for p in share] == [p.ids for p in openai]

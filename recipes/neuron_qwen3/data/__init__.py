@@ -10,6 +10,7 @@ cache.py        the token cache: a local table tokenized once, in parallel, read
 mix.py          DATASET as a mix of local sources with weights: each epoch's records drawn by weight
 loader.py       `DataLoader`, the torchtitan dataloader, and its Config (training or validation records)
 epochs.py       EPOCHS: the steps N passes take, counted from the packed data
+prompts.py      prompts for the generator, every accepted form read once: samples, GRPO, the offline command
 scan.py         `scan`: a whole local file checked before launch; `render_first`: its first record rendered;
                 `method_problem`: the data's kind against METHOD (pairs for dpo, prompts alone for grpo)
 """

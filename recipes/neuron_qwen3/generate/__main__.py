@@ -127,6 +127,7 @@ def answer_with(folder: Path, sampling: Sampling, args) -> int:
     import transformers
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
+    from neuron_qwen3.data.prompts import read_prompts
     from neuron_qwen3.generate import setup as generator_setup
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -134,7 +135,7 @@ def answer_with(folder: Path, sampling: Sampling, args) -> int:
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(folder))
     room = model.config.max_position_embeddings - args.tokens
-    prompts = generator_setup.read_prompts(args.prompts, "messages", tokenizer, room)
+    prompts = read_prompts(args.prompts, "messages", tokenizer, room)
     plan = Plan(min(args.slots, len(prompts)), buckets_for([len(p.ids) for p in prompts], room), args.tokens)
     for phase, shape in plan.shapes():
         print(f"neuron_qwen3.generate: {phase} shape {list(shape)}", file=sys.stderr)

@@ -1,42 +1,13 @@
-"""What the generator takes from a run: its tokenizer and the tokens an answer stops at, prompts read from a file
-(SAMPLE_PROMPTS, the offline command's), and whether a round keeps the weights gathered in a rank's memory. The
-run's samples (report/samples.py), GRPO's rollout (rl/) and the offline command (__main__.py) share them.
+"""What the generator takes from a run: its tokenizer and the tokens an answer stops at, and whether a round keeps
+the weights gathered in a rank's memory. The run's samples (report/samples.py), GRPO's rollout (rl/) and the
+offline command (__main__.py) share them; their prompts are read in data/prompts.py.
 """
-
-import os
-from dataclasses import dataclass
 
 import torch
 
 from neuron_qwen3 import shapes
-from neuron_qwen3.data import conversations, records
-from neuron_qwen3.data.conversations import Problem
-from neuron_qwen3.data.records import DataError
-from neuron_qwen3.data.tokens import IM_END, Encoder, chat_template
+from neuron_qwen3.data.tokens import IM_END, chat_template
 from neuron_qwen3.generate.plan import Plan, gathers_once
-
-
-@dataclass
-class Prompt:
-    origin: str  # file:line
-    text: str  # the last user turn, as the report shows it
-    thinking: bool | None  # enable_thinking for the template; None: its default
-    ids: list
-
-
-CONVERSATION_FIELDS = ("messages", "conversations")  # OpenAI's and ShareGPT's, as DATASET_FIELD names them
-
-
-def field_of(config) -> str:
-    """The field a prompt's conversation is looked for in first: DATASET_FIELD when it names one, else `messages`."""
-    return config.dataloader.field if config.dataloader.field != "text" else "messages"
-
-
-def prompt_field(record: dict, preferred: str) -> str:
-    """The field that holds this prompt record's conversation, whichever accepted form the file is in: `preferred`
-    (DATASET_FIELD's) when the record has it, else OpenAI's `messages` or ShareGPT's `conversations`; a `prompt`
-    record needs none. A prompts file need not be in the training data's form."""
-    return next((name for name in (preferred, *CONVERSATION_FIELDS) if name in record), preferred)
 
 
 def tokenizer_of(config):
@@ -46,39 +17,6 @@ def tokenizer_of(config):
     return HuggingFaceTokenizer(
         tokenizer_path=getattr(config.dataloader, "tokenizer_folder", "") or config.hf_assets_path
     )
-
-
-def read_prompts(path: str, field: str, tokenizer, room: int) -> list[Prompt]:
-    """Every record of `path` as a prompt to answer: the conversation without trailing assistant turns, rendered
-    with the generation prompt; `room`: the most prompt tokens a window leaves. A bad record: DataError, one line
-    with its file and line."""
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: no such file")
-    table = records.local_table(path)
-    if not len(table):
-        raise DataError(f"SAMPLE_PROMPTS={path}: holds no record")
-    encoder = Encoder(tokenizer)
-    prompts = []
-    for i in range(len(table)):
-        record = table.record(i)
-        try:
-            messages, tools = conversations.conversation(record, prompt_field(record, field), answered=False)
-            while messages and messages[-1]["role"] == "assistant":
-                messages = messages[:-1]
-            if not messages or messages[-1]["role"] == "system":
-                raise Problem("no user or tool turn to answer")
-            thinking = conversations.thinking_of(record)
-            ids = encoder.prompt(messages, tools, thinking)
-        except Problem as problem:
-            raise DataError(f"{table.origin(i)}: {problem}") from None
-        if len(ids) > room:
-            raise DataError(
-                f"{table.origin(i)}: {len(ids)} prompt tokens; the window leaves {room} beside "
-                "SAMPLE_TOKENS: shorten the prompt or lower SAMPLE_TOKENS"
-            )
-        last = next(m for m in reversed(messages) if m["role"] in ("user", "tool"))
-        prompts.append(Prompt(table.origin(i), last.get("content") or "", thinking, ids))
-    return prompts
 
 
 def stop_ids(tokenizer) -> set:

@@ -290,24 +290,15 @@ def grpo_prompts(config) -> list:
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
     from neuron_qwen3 import data
-    from neuron_qwen3.data.tokens import Encoder
+    from neuron_qwen3.data import prompts
     from neuron_qwen3.rl import rollout
 
     held = config.dataloader.validation
     named = [("DATASET", path) for path in data.mix.local_paths(config.dataloader.source) or ()]
     named += [("VALIDATION", held)] if held and data.records.fraction(held) is None else []
     tokenizer = HuggingFaceTokenizer(tokenizer_path=data.tokenizer_of(config))
-    encoder, room = Encoder(tokenizer), rollout.room_of(config)
-    for setting, path in named:
-        table = data.records.local_table(path)
-        for i in range(len(table)):
-            try:
-                rollout.prompt_ids(
-                    table.origin(i), table.record(i), tokenizer, encoder, room, config.grpo.max_completion
-                )
-            except data.DataError as error:
-                return [f"{setting}: {error}"]
-    return []
+    problem = prompts.grpo_problem(named, tokenizer, rollout.room_of(config), config.grpo.max_completion)
+    return [problem] if problem else []
 
 
 def rendered(config) -> list:

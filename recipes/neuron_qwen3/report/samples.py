@@ -21,16 +21,8 @@ from neuron_qwen3.data.records import DataError
 from neuron_qwen3.generate.engine import Generator
 from neuron_qwen3.generate.plan import Plan, buckets_for
 from neuron_qwen3.generate.sampling import Sampling
-from neuron_qwen3.generate.setup import (
-    Prompt,
-    field_of,
-    gathering,
-    itemsize_of,
-    rank_memory_gib,
-    read_prompts,
-    stop_ids,
-    tokenizer_of,
-)
+from neuron_qwen3.data.prompts import Prompt, field_of, read_prompts
+from neuron_qwen3.generate.setup import gathering, itemsize_of, rank_memory_gib, stop_ids, tokenizer_of
 
 FOLDER = "report"
 SLOTS = 8  # the most prompts answered at once; more go in further waves

@@ -19,9 +19,7 @@ from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import logger
 
-from neuron_qwen3.data import conversations
-from neuron_qwen3.data.conversations import Problem
-from neuron_qwen3.data.records import DataError
+from neuron_qwen3.data.prompts import grpo_prompt
 from neuron_qwen3.data.tokens import Encoder
 from neuron_qwen3.generate import setup as generator_setup
 from neuron_qwen3.generate.engine import Generator
@@ -59,25 +57,6 @@ def grpo_parts(trainer) -> tuple:
 def room_of(config) -> int:
     """The most prompt tokens a window leaves beside GRPO_MAX_COMPLETION."""
     return config.training.seq_len - config.grpo.max_completion
-
-
-def prompt_ids(origin: str, record: dict, tokenizer, encoder: Encoder, room: int, max_completion: int) -> tuple:
-    """A prompt-only record as the generator takes it: (ids, the prompt as the rewards see it, conversational).
-    DataError naming `origin` (file:line): a bad prompt, or one of over `room` tokens."""
-    try:
-        text, messages, tools = conversations.prompt(record)
-        if messages is None:
-            ids = tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
-        else:
-            ids = encoder.prompt(messages, tools, conversations.thinking_of(record))
-    except Problem as problem:
-        raise DataError(f"{origin}: {problem}") from None
-    if len(ids) > room:
-        raise DataError(
-            f"{origin}: {len(ids)} prompt tokens; the window leaves {room} beside GRPO_MAX_COMPLETION="
-            f"{max_completion}: shorten the prompt, lower GRPO_MAX_COMPLETION or raise seq_len"
-        )
-    return ids, record["prompt"], messages is not None
 
 
 def plan_of(config, accumulation: int) -> Plan:
@@ -159,10 +138,8 @@ class Rollout:
                 yield dict(inputs), labels  # a copy: the trainer pops the rollout columns from it
 
     def prompt_ids(self, origin: str, record: dict) -> tuple:
-        """(ids, the prompt as the rewards see it, conversational): `prompt_ids` in this run's window."""
-        return prompt_ids(
-            origin, record, self.tokenizer, self.encoder, self.plan.buckets[-1], self.config.max_completion
-        )
+        """(ids, the prompt as the rewards see it, conversational): `grpo_prompt` in this run's window."""
+        return grpo_prompt(origin, record, self.encoder, self.plan.buckets[-1], self.config.max_completion)
 
     def generate(self, batch: list) -> list:
         """This rank's prompts (`batch`: (origin, record) pairs) answered, scored and laid out in micro-batches."""
