@@ -102,33 +102,35 @@ def test_resuming_wins_over_init_from_with_one_notice(tmp_path):
 
 
 def test_export_inside_the_checkpoint_folder_is_refused(tmp_path):
+    from neuron_qwen3.prelaunch import stages
+
     inside = config(
         "--checkpoint.enable", f"--checkpoint.folder={tmp_path / 'ckpt'}", f"--export.dir={tmp_path / 'ckpt' / 'hf'}"
     )
-    assert preflight.export(inside, 10)[0].startswith(
-        f"EXPORT_DIR='{tmp_path / 'ckpt' / 'hf'}' is inside CHECKPOINT_DIR"
-    )
+    assert stages.export(inside, 10)[0].startswith(f"EXPORT_DIR='{tmp_path / 'ckpt' / 'hf'}' is inside CHECKPOINT_DIR")
     beside = config(
         "--checkpoint.enable", f"--checkpoint.folder={tmp_path / 'ckpt'}", f"--export.dir={tmp_path / 'hf'}"
     )
-    assert preflight.export(beside, 10) == []
+    assert stages.export(beside, 10) == []
 
 
 @pytest.mark.parametrize("dtype, size", [("float32", 4), ("bfloat16", 2)])
 def test_too_little_disk_for_the_export(tmp_path, monkeypatch, dtype, size):
+    from neuron_qwen3.prelaunch import stages
+
     parameters = 8 << 20
     needed = parameters * size
     real = shutil.disk_usage
     seen = []
     monkeypatch.setattr(shutil, "disk_usage", lambda path: seen.append(path) or real(path)._replace(free=needed - 1))
     parsed = config(f"--export.dir={tmp_path / 'out' / 'hf'}", f"--export.dtype={dtype}")
-    assert preflight.export(parsed, parameters) == [
+    assert stages.export(parsed, parameters) == [
         f"EXPORT_DIR='{tmp_path / 'out' / 'hf'}' has {(needed - 1) >> 20} MiB free but the export needs about "
         f"{needed >> 20} MiB"
     ]
     assert seen == [str(tmp_path)]  # the nearest existing folder above the export
     monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=needed))
-    assert preflight.export(parsed, parameters) == []
+    assert stages.export(parsed, parameters) == []
 
 
 def test_the_answer_states_the_model_and_how_it_fits():

@@ -26,27 +26,21 @@ checked, with the library that reads it:
 
 The config is finished as every worker finishes it (finish.py, on the world of `request["ranks"]` and the device
 the launcher found), and each line that says what finishing derived is in "lines"; `--dry-run` prints the result.
+This module checks the versions and parses the flags; the other checks are prelaunch/stages.py's named stages.
 """
 
 import contextlib
 import io
 import json
-import os
 import re
-import shutil
 import sys
 
 from neuron_qwen3 import shapes
-from neuron_qwen3.hf import fetch
 from neuron_qwen3.prelaunch import versions
-from neuron_qwen3.prelaunch.model_folder import hf_folder, init_from, reference_rope, trained_shape
 from neuron_qwen3.quirks import import_compile
-from neuron_qwen3.run import tuning
 
 # tyro's line for a section that refused itself (settings.Section, data.DataLoader.Config): the section's own line
 SECTION_REFUSED = re.compile(r"Error parsing [A-Za-z_][\w.]*: (.+)")
-
-EXPORT_BYTES = {"bfloat16": 2, "float32": 4}
 
 
 def tyro_line(text: str) -> str:
@@ -111,216 +105,19 @@ def missing_config(error: str, request: dict) -> str:
     return error.splitlines()[0]
 
 
-def export(config, parameters: int | None) -> list:
-    target = config.export.dir
-    if not target:
-        return []
-    target = os.path.abspath(target)
-    folder = config.checkpoint.folder if config.checkpoint.enable else None
-    if folder and os.path.commonpath([target, os.path.abspath(folder)]) == os.path.abspath(folder):
-        return [
-            f"EXPORT_DIR={target!r} is inside CHECKPOINT_DIR, where a model folder would be taken for a "
-            "checkpoint: choose another folder"
-        ]
-    if parameters is None:
-        return []
-    needed, free = parameters * EXPORT_BYTES[config.export.dtype], shutil.disk_usage(fetch.nearest(target)).free
-    if free < needed:
-        return [f"EXPORT_DIR={target!r} has {free >> 20} MiB free but the export needs about {needed >> 20} MiB"]
-    return []
-
-
-def validation(config, check_files: bool) -> list:
-    """VALIDATION: a fraction of a local DATASET, or a local file or folder whose every record trains."""
-    from neuron_qwen3 import data
-
-    held, source = getattr(config.dataloader, "validation", ""), getattr(config.dataloader, "source", "")
-    if not held:
-        return []
-    if data.records.fraction(held) is not None:
-        return (
-            []
-            if data.mix.local_paths(source)
-            else [
-                f"VALIDATION={held} holds records out of DATASET, which is "
-                f"not local ({source}): give a local DATASET, or a "
-                "VALIDATION file"
-            ]
-        )
-    if not os.path.exists(held):
-        return [f"VALIDATION={held!r}: no such file or folder (nor a fraction like 0.05)"]
-    found = data.scan(held, config.dataloader.field) if check_files else None
-    if found is None:
-        return []
-    method = getattr(getattr(config, "preference", None), "method", "sft")
-    problem = (
-        f"VALIDATION: {found.problem}" if found.problem else data.method_problem(method, found.kind, held, "VALIDATION")
-    )
-    return [problem] if problem else []
-
-
-def epochs(config, request: dict) -> str | None:
-    """What stops EPOCHS before its steps are counted (finish.py counts them as every worker does)."""
-    if not getattr(config.dataloader, "epochs", 0):
-        return None
-    if any(arg == "--training.steps" or arg.startswith("--training.steps=") for arg in request["args"]):
-        return "STEPS and EPOCHS are both set: EPOCHS derives the steps from the data; give one of them"
-    from neuron_qwen3 import data
-
-    if not data.mix.local_paths(config.dataloader.source):
-        return f"EPOCHS needs a local DATASET; {config.dataloader.source} is streamed: give STEPS instead"
-    return None
-
-
 def run(request: dict) -> dict:
+    """The answer to one request: the versions first (before torch and torchtitan are imported), the parse, then
+    prelaunch/stages.py's stages on the parsed config."""
     answer = {"problems": [], "warnings": [], "lines": [], "config": None, "model": None}
-    if request.get("locks"):  # first, before torch and torchtitan are imported
+    if request.get("locks"):
         answer["problems"], answer["warnings"] = versions.versions(request["locks"])
     config, problem = parse_config(request["args"], request)
     if problem:
         answer["problems"].append(problem)
         return answer
-    from neuron_qwen3 import data, settings
-    from neuron_qwen3.finish import finish
-    from neuron_qwen3.report import samples
-    from neuron_qwen3.lora import base_check, folders, footprint, targets
+    from neuron_qwen3.prelaunch import stages
 
-    try:
-        tuned = folders.settings(config)  # INIT_FROM naming a PEFT adapter: its settings
-        problems = targets.problems(config, tuned) if tuned else []
-    except targets.LoRAError as error:
-        problems = [str(error)]
-    if not problems:  # a mix's form first; the template before EPOCHS' plan tokenizes the data with it
-        problems = rendered(config)
-    if not problems:
-        problem = tuning.batch_problem(config, request["ranks"]) or epochs(config, request)
-        problems = ([problem] if problem else []) + validation(config, request.get("check_files"))
-    if not problems:
-        try:  # exactly as every worker finishes it (the launcher passes --device): --dry-run shows what trains
-            finished = finish(config, request["ranks"], config.device, tuning.typed_flags(request["args"]))
-        except (ValueError, data.DataError) as error:
-            epochs_error = isinstance(error, data.DataError) and config.dataloader.epochs
-            problems = [f"EPOCHS: {error}" if epochs_error else str(error)]
-    answer["problems"] += problems
-    if problems:
-        return answer
-    answer["lines"] += finished.lines
-    try:
-        answer["lines"] += samples.before_launch(config)
-    except data.DataError as error:
-        answer["problems"].append(f"SAMPLE_PROMPTS: {error}")
-        return answer
-    tuned = finished.lora
-    if request.get("print_config"):
-        answer["config"] = config.to_dict()
-    shape = trained_shape(config)
-    if shape is not None:
-        neuron = getattr(config, "neuron", None) or settings.Neuron()  # a user's MODULE may lack the section
-        memory = shapes.NEURON_GIB_PER_CORE[neuron.logical_nc_config] if config.device == "neuron" else None
-        fits, why = shapes.fit(shape.parameters(), request["ranks"], memory)
-        answer["model"] = {"parameters": shape.parameters(), "fits": fits, "why": why}
-        if tuned and request.get("print_config"):  # --dry-run: built on meta, adapters in, base frozen
-            answer["model"]["lora"] = footprint.dry_run(config, tuned, request["ranks"]).line()
-        if not fits and not tuned:  # LoRA holds gradients and Adam state for its adapters only
-            answer["warnings"].append(f"{config.report.model or 'the model'}: {why}")
-    if not request.get("check_files") or answer["problems"]:
-        return answer
-    from neuron_qwen3 import data
-    from neuron_qwen3.prelaunch import checkpoints
-
-    resume = None
-    if config.checkpoint.enable and config.checkpoint.folder and not config.checkpoint.load_only:
-        try:
-            resume, lines = checkpoints.prepare(
-                config.checkpoint.folder, request["node_rank"], move=request.get("fix_checkpoints", False)
-            )
-        except OSError as error:
-            answer["problems"].append(str(error))
-            return answer
-        answer["warnings"] += lines
-        if config.checkpoint.load_step >= 0:  # torchtitan loads that step, not the newest
-            resume = config.checkpoint.load_step
-            folder = os.path.join(config.checkpoint.folder, f"step-{resume}")
-            why = checkpoints.problem(folder) if os.path.isdir(folder) else "no such folder"
-            if why:
-                answer["problems"].append(f"--checkpoint.load_step={resume}: {folder}: {why}")
-                return answer
-        answer["lines"].append(
-            f"checkpoints: resuming from step {resume} in {config.checkpoint.folder}"
-            if resume is not None
-            else f"checkpoints: none complete in {config.checkpoint.folder}: starting at step 0"
-        )
-    problems, warnings = init_from(config, shape, None if tuned else resume)  # LoRA loads its base every start
-    reference = getattr(getattr(config, "preference", None), "reference", "")  # finish.py resolved it
-    if reference and reference != config.checkpoint.initial_load_path:
-        problems += hf_folder("DPO_REFERENCE", reference, shape) or reference_rope(reference, config)
-    if tuned and resume is not None and not problems:
-        problems = base_check.check_resume_base(
-            os.path.join(config.checkpoint.folder, f"step-{resume}"), config.checkpoint.initial_load_path
-        )
-    exported = shape.parameters() if shape and (not tuned or config.export.merged) else None  # an adapter is small
-    answer["problems"] += problems + export(config, exported)
-    answer["warnings"] += warnings
-    for path in data.mix.local_paths(getattr(config.dataloader, "source", "")) or ():
-        found = data.scan(path, config.dataloader.field)  # every record read as the workers read it (formats)
-        method = getattr(getattr(config, "preference", None), "method", "sft")
-        problem = f"DATASET: {found.problem}" if found.problem else data.method_problem(method, found.kind, path)
-        if problem:
-            answer["problems"].append(problem)
-        else:
-            answer["lines"].append(
-                f"dataset: {found.counts['records']} records"
-                + (f", {found.counts['turns']} turns" if found.counts["turns"] else "")
-                + f" in {path}"
-            )
-    if getattr(getattr(config, "preference", None), "method", "sft") == "grpo":
-        from neuron_qwen3.rl import rewards
-
-        try:
-            rewards.of_run(config)  # the user's reward functions import here, as in every worker
-        except rewards.RewardError as error:
-            answer["problems"].append(str(error))
-        answer["problems"] += [] if answer["problems"] else grpo_prompts(config)
-    return answer
-
-
-def grpo_prompts(config) -> list:
-    """Every prompt of the local DATASET and a VALIDATION file tokenized as the rollout does: a prompt too long for
-    the window is one line now, not a worker's error when its batch is reached, mid-run."""
-    from torchtitan.components.tokenizer import HuggingFaceTokenizer
-
-    from neuron_qwen3 import data
-    from neuron_qwen3.data import prompts
-    from neuron_qwen3.rl import rollout
-
-    held = config.dataloader.validation
-    named = [("DATASET", path) for path in data.mix.local_paths(config.dataloader.source) or ()]
-    named += [("VALIDATION", held)] if held and data.records.fraction(held) is None else []
-    tokenizer = HuggingFaceTokenizer(tokenizer_path=data.tokenizer_of(config))
-    problem = prompts.grpo_problem(named, tokenizer, rollout.room_of(config), config.grpo.max_completion)
-    return [problem] if problem else []
-
-
-def rendered(config) -> list:
-    """The first record of each local source rendered with the run's chat template: a template that does not
-    compile or refuses the data is one line here, not a traceback in every worker (or in EPOCHS' plan)."""
-    from neuron_qwen3 import data
-
-    source = getattr(config.dataloader, "source", "")
-    try:
-        paths = data.mix.local_paths(source) if source else None
-    except data.DataError as error:
-        return [str(error)]
-    for path in paths or ():
-        try:
-            problem = data.render_first(
-                path, config.dataloader.field, config.dataloader.train_on, data.tokenizer_of(config)
-            )
-        except data.DataError as error:
-            problem = str(error)
-        if problem:
-            return [f"DATASET: {problem}"]
-    return []
+    return stages.Pass(config, request, answer).run()
 
 
 def main() -> int:
