@@ -217,7 +217,7 @@ def test_the_sampler_and_the_learner_agree(done, name):
         assert 0 <= r["grpo"]["sampling/logp_difference/max"] < 1e-5, r
 
 
-def test_a_second_iteration_trains_against_the_generators_log_probabilities(done):
+def test_a_second_iteration_trains_against_the_first_passs_log_probabilities(done):
     """GRPO_ITERATIONS=2: the step after a generation trains on the same completions (no new rewards), its policy
     moved by the update, so the ratio is off 1 and some tokens are clipped."""
     steps = records(done["tmp"], "native-lora")

@@ -9,7 +9,10 @@ device's tensors in host memory and runs every operator through ATen's CPU fallb
 
 Workers (torchrun's children) load it before anything imports torchtitan through `site/sitecustomize.py`: put
 tests/neuron_sim/site on PYTHONPATH and set NEURON_SIM=1. NEURON_SIM_DEVICES sets the device count (8),
-NEURON_SIM_REPORT a folder that receives each process's record at exit.
+NEURON_SIM_REPORT a folder that receives each process's record at exit, NEURON_SIM_LOGPROB_OFFSET a number added to
+every log-probability the generator reports: on a trn2 the generator's float32 attention and MoE decode are not the
+learner's bf16 NKI kernels, so its log-probabilities are off, and GRPO's loss must not see it (pi_old is the
+learner's).
 """
 
 import atexit
@@ -46,4 +49,20 @@ def install(devices: int | None = None):
     folder = os.environ.get("NEURON_SIM_REPORT")
     if folder:
         atexit.register(recorder.dump_at_exit, folder)
+    if os.environ.get("NEURON_SIM_LOGPROB_OFFSET"):
+        _offset_generator_logprobs(float(os.environ["NEURON_SIM_LOGPROB_OFFSET"]))
     return ext
+
+
+def _offset_generator_logprobs(offset: float) -> None:
+    """The generator's `draw` (before generate/engine.py imports it) with `offset` added to each log-probability it
+    reports; the tokens it draws are unchanged."""
+    from neuron_qwen3.generate import sampling
+
+    draw = sampling.draw
+
+    def offset_draw(logits, settings, generator):
+        tokens, logprobs = draw(logits, settings, generator)
+        return tokens, logprobs + offset
+
+    sampling.draw = offset_draw
