@@ -30,6 +30,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanstd as trl_nanstd
 
 from neuron_qwen3 import settings
+from neuron_qwen3.preference.logps import token_logps
 from neuron_qwen3.rl import grpo
 from qwen_size import SMOKE_TOKENIZER
 
@@ -176,13 +177,13 @@ def neuron_rows(batch: dict, per_token: dict) -> tuple:
 
 
 class Reference:
-    """The `reference` GrpoLoss reads: `.logits(inputs, extra)`, a frozen model's."""
+    """The `reference` GrpoLoss reads: `.logps(inputs, labels, extra, temperature)`, a frozen model's."""
 
     def __init__(self, model):
         self.model = model.eval().requires_grad_(False)
 
-    def logits(self, inputs, extra: dict) -> torch.Tensor:
-        return self.model(input_ids=inputs, **extra).logits
+    def logps(self, inputs, labels, extra: dict, temperature: float) -> torch.Tensor:
+        return token_logps(self.model(input_ids=inputs, **extra).logits, labels, temperature)[0]
 
 
 def global_norm(model) -> torch.Tensor:
@@ -328,7 +329,7 @@ def test_pi_old_is_the_first_passs_own_log_probability(folders):
         loss_fn.prepare(rows, labels, extra, {"advantages": advantages, "old": moved["old"], "learner_old": kept})
         pred = ours(input_ids=rows, **extra).logits
         loss_fn(pred, labels, global_valid_tokens=(labels != IGNORE_INDEX).sum())[0].backward()
-        return grpo.logps_and_entropy(pred.detach(), labels, 1.0)[0], loss_fn.interval()
+        return token_logps(pred.detach(), labels)[0], loss_fn.interval()
 
     first, metrics = one_pass()
     assert metrics["grpo/clip_ratio/region_mean"] == 0 and metrics["grpo/sampling/logp_difference/mean"] > 0.5

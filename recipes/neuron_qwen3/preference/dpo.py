@@ -17,6 +17,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 
 from neuron_qwen3 import settings
 from neuron_qwen3.interval import IntervalSums
+from neuron_qwen3.preference.logps import head_of, token_logps
 
 LOSSES = settings.choices(settings.Preference, "loss")  # DPO_LOSS's one list: the field's Literal
 PER_PAIR = (
@@ -28,20 +29,6 @@ PER_PAIR = (
     "logps/chosen",
     "logps/rejected",
 )  # the means over pairs that `interval` gives, with `sft` and `pairs`
-
-
-def logits_of(model, out: torch.Tensor) -> torch.Tensor:
-    """With torchtitan's chunked loss the model stops before its lm_head (the trainer set `_skip_lm_head`)."""
-    return model.lm_head(out) if getattr(model, "_skip_lm_head", False) else out
-
-
-def token_logps(logits_BLV: torch.Tensor, labels_BL: torch.Tensor, temperature: float = 1.0) -> tuple:
-    """(log p(label) at every position [B, L], 0 where the label does not count; the whole log-softmax [B, L, V]),
-    from logits / temperature in float32: DPO's and GRPO's (which reads its entropy from the second)."""
-    counted = labels_BL != IGNORE_INDEX
-    logps = torch.log_softmax(logits_BLV.float() / temperature, dim=-1)
-    picked = logps.gather(-1, labels_BL.clamp_min(0).unsqueeze(-1)).squeeze(-1)
-    return picked * counted, logps
 
 
 def pair_sums(values_BL: torch.Tensor, labels_BL: torch.Tensor, positions_BL: torch.Tensor) -> tuple:
@@ -92,7 +79,7 @@ class Dpo:
 
     def __call__(self, pred, labels, *_, **__):
         assert self.reference_sums is not None, "DPO: no reference pass before this loss"
-        policy, counts = pair_sums(token_logps(logits_of(self.model, pred), labels)[0], labels, self.positions)
+        policy, counts = pair_sums(token_logps(pred, labels, head=head_of(self.model))[0], labels, self.positions)
         reference, self.reference_sums = self.reference_sums, None
         losses, chosen, rejected = pair_losses(policy, reference, counts, self.beta, self.kind)
         present = ((counts > 0).all(dim=-1)).float()

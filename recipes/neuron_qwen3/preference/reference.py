@@ -8,8 +8,9 @@
   of the training and validation tables at the first step (`first_pass`), every start; the steps look each pair's
   sums up by its record, and a Frozen model is freed.
 
-AdaptersOff and Frozen give `logits(inputs, extra)` (GRPO's KL reads them), and each gives `sums(inputs, labels,
-extra, records)`: the reference's [B, L/2, 2] sequence log-probabilities.
+AdaptersOff and Frozen give `logps(inputs, labels, extra, temperature)`, the reference's token log-probabilities
+(GRPO's KL reads them), and each gives `sums(inputs, labels, extra, records)`: the reference's [B, L/2, 2]
+sequence log-probabilities.
 """
 
 import contextlib
@@ -28,7 +29,8 @@ from neuron_qwen3.data.dataset import PackedDataset, Shares
 from neuron_qwen3.data.loader import table_reader
 from neuron_qwen3.hf import load
 from neuron_qwen3.lora import adapters as lora_adapters
-from neuron_qwen3.preference.dpo import logits_of, pair_sums, token_logps
+from neuron_qwen3.preference.dpo import pair_sums
+from neuron_qwen3.preference.logps import head_of, token_logps
 
 
 class AdaptersOff:
@@ -48,13 +50,12 @@ class AdaptersOff:
             for adapter, scale in zip(self.adapters, scales):
                 adapter.scale = scale
 
-    def logits(self, inputs, extra: dict) -> torch.Tensor:
+    def logps(self, inputs, labels, extra: dict, temperature: float = 1.0) -> torch.Tensor:
         with self._off():
-            return logits_of(self.model, self.model(inputs, **extra))
+            return token_logps(self.model(inputs, **extra), labels, temperature, head_of(self.model))[0]
 
     def sums(self, inputs, labels, extra: dict, records=None) -> torch.Tensor:
-        logps = token_logps(self.logits(inputs, extra), labels)[0]
-        return pair_sums(logps, labels, extra["positions"])[0]
+        return pair_sums(self.logps(inputs, labels, extra), labels, extra["positions"])[0]
 
 
 class Frozen:
@@ -84,12 +85,11 @@ class Frozen:
         self.model = model
         logger.info(f"DPO reference: {folder} loaded in {time.monotonic() - begin:.2f} s, sharded as the policy")
 
-    def logits(self, inputs, extra: dict) -> torch.Tensor:
-        return logits_of(self.model, self.model(inputs, **extra))
+    def logps(self, inputs, labels, extra: dict, temperature: float = 1.0) -> torch.Tensor:
+        return token_logps(self.model(inputs, **extra), labels, temperature, head_of(self.model))[0]
 
     def sums(self, inputs, labels, extra: dict, records=None) -> torch.Tensor:
-        logps = token_logps(self.logits(inputs, extra), labels)[0]
-        return pair_sums(logps, labels, extra["positions"])[0]
+        return pair_sums(self.logps(inputs, labels, extra), labels, extra["positions"])[0]
 
 
 class Precomputed:

@@ -19,7 +19,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 
 from neuron_qwen3 import settings
 from neuron_qwen3.interval import IntervalSums
-from neuron_qwen3.preference.dpo import logits_of, token_logps
+from neuron_qwen3.preference.logps import head_of, token_logps
 
 LOSSES = settings.choices(settings.Grpo, "loss")
 SCALES = settings.choices(settings.Grpo, "scale_rewards")
@@ -50,15 +50,6 @@ def advantages(rewards: torch.Tensor, generations: int, scale: str, everyone: to
     if scale != "none":
         found = found / (std + 1e-4)
     return torch.nan_to_num(found, nan=0.0), torch.isclose(std, torch.zeros_like(std))
-
-
-def logps_and_entropy(logits_BLV: torch.Tensor, labels_BL: torch.Tensor, temperature: float) -> tuple:
-    """(log pi(label) [B, L], entropy [B, L]) at every position, at `temperature`; the entropy detached, for the
-    report."""
-    picked, logps = token_logps(logits_BLV, labels_BL, temperature)
-    with torch.no_grad():
-        entropy = -(logps.exp() * logps).sum(-1)
-    return picked, entropy
 
 
 def token_losses(logps, old, reference, advantages_B, epsilon_low, epsilon_high, beta) -> tuple:
@@ -120,15 +111,14 @@ class GrpoLoss:
         log-probabilities of its tokens."""
         if self.config.beta:
             with torch.no_grad():
-                logits = self.reference.logits(inputs, extra)
-                columns["reference"] = token_logps(logits, labels, self.config.temperature)[0]
+                columns["reference"] = self.reference.logps(inputs, labels, extra, self.config.temperature)
         self.columns = columns
 
     def __call__(self, pred, labels, global_valid_tokens, *_, **__):
         assert self.columns is not None, "GRPO: no rollout columns before this loss"
         columns, self.columns = self.columns, None
         c = self.config
-        logps, entropy = logps_and_entropy(logits_of(self.model, pred), labels, c.temperature)
+        logps, entropy = token_logps(pred, labels, c.temperature, head_of(self.model), entropy=True)
         mask = (labels != IGNORE_INDEX).float()
         generated = columns["old"].to(logps.device)  # the generator's log-probabilities of these tokens
         kept = columns.get("learner_old")
