@@ -26,7 +26,7 @@ from conftest import REPO, folder_tensors, random_smoke_model, run_scenario, wor
 from test_finetune_variants import moe_config, save_dense, save_moe, tensors
 
 from neuron_qwen3.generate.engine import Generator
-from neuron_qwen3.generate.plan import Plan, buckets_for
+from neuron_qwen3.generate.plan import QUERY_BLOCK, Plan, buckets_for
 from neuron_qwen3.generate.sampling import Sampling
 
 NEW_TOKENS = 12
@@ -96,13 +96,15 @@ def transformers_greedy(reference, ids: list, stops: set, new_tokens: int = NEW_
     return tokens, logprobs
 
 
-def test_greedy_answers_are_transformers_generate(models):
+@pytest.mark.parametrize("query_block", [QUERY_BLOCK, 5])
+def test_greedy_answers_are_transformers_generate(models, query_block):
+    """Also with the prefill's queries scored 5 at a time: blocks that end inside a bucket, and an uneven last one."""
     model, reference = models
     asked = prompts(reference.config.vocab_size)
     free = [transformers_greedy(reference, ids, set())[0] for ids in asked]
     # stop tokens that end two of the answers early, at different steps; the others run to the budget
     stops = {free[0][3], free[3][7]} - set(free[1] + free[2] + free[4])
-    plan = Plan(slots=2, buckets=buckets_for(list(LENGTHS), room=64), new_tokens=NEW_TOKENS)
+    plan = Plan(slots=2, buckets=buckets_for(list(LENGTHS), room=64), new_tokens=NEW_TOKENS, query_block=query_block)
     assert plan.buckets == (16, 32, 64)
     answers = Generator(model, plan, stops).generate(asked, Sampling())
     expected = [transformers_greedy(reference, ids, stops) for ids in asked]

@@ -34,21 +34,23 @@ class Step:
         self.hidden = torch.arange(keys, device=start.device)[None, None, :] > self.columns[:, :, None]
         self._masks = {}
 
-    def mask(self, group: int) -> torch.Tensor:
-        """[slots, 1, group x new, keys]: `hidden` for the `group` query heads that share a KV head, as rows."""
-        if group not in self._masks:
-            slots = self.hidden.shape[0]
-            repeated = self.hidden[:, None, None].expand(slots, 1, group, self.new, self.keys)
-            self._masks[group] = repeated.reshape(slots, 1, group * self.new, self.keys)
-        return self._masks[group]
+    def mask(self, group: int, begin: int, end: int) -> torch.Tensor:
+        """[slots, 1, group x (end - begin), keys]: `hidden` of the queries [begin, end) for the `group` query heads
+        that share a KV head, as rows."""
+        if (group, begin, end) not in self._masks:
+            slots, block = self.hidden.shape[0], end - begin
+            repeated = self.hidden[:, None, None, begin:end].expand(slots, 1, group, block, self.keys)
+            self._masks[group, begin, end] = repeated.reshape(slots, 1, group * block, self.keys)
+        return self._masks[group, begin, end]
 
 
 class KVCache:
     """Keys and values for `layers` x `slots` sequences of up to `length` tokens, allocated at the first write
-    (the dtype and device of the keys the model computes), once."""
+    (the dtype and device of the keys the model computes), once. A pass's queries attend `query_block` at a time,
+    so a prefill's float32 scores take slots x heads x query_block x keys, not the bucket's square."""
 
-    def __init__(self, layers: int, slots: int, length: int):
-        self.layers, self.slots, self.length = layers, slots, length
+    def __init__(self, layers: int, slots: int, length: int, query_block: int):
+        self.layers, self.slots, self.length, self.query_block = layers, slots, length, query_block
         self.k = self.v = None
         self.step: Step | None = None
 
@@ -68,12 +70,15 @@ class KVCache:
         keys, values = self.k[layer][:, :, : step.keys].float(), self.v[layer][:, :, : step.keys].float()
         kv_heads = keys.shape[1]
         group = heads // kv_heads
-        # each KV head's group of query heads as one block of rows: [slots, KV heads, group x new, dim]
-        grouped = q.reshape(slots, kv_heads, group * new, dim).float()
-        scores = torch.matmul(grouped, keys.transpose(-1, -2)) * scale
-        scores = scores.masked_fill(step.mask(group), float("-inf"))
-        out = torch.matmul(scores.softmax(dim=-1), values)
-        return out.reshape(slots, heads, new, dim).to(q.dtype)
+        outs = []
+        for begin in range(0, new, self.query_block):
+            end = min(new, begin + self.query_block)
+            # each KV head's group of query heads as one block of rows: [slots, KV heads, group x block, dim]
+            grouped = q[:, :, begin:end].reshape(slots, kv_heads, group * (end - begin), dim).float()
+            scores = torch.matmul(grouped, keys.transpose(-1, -2)) * scale
+            scores = scores.masked_fill(step.mask(group, begin, end), float("-inf"))
+            outs.append(torch.matmul(scores.softmax(dim=-1), values).reshape(slots, heads, end - begin, dim))
+        return torch.cat(outs, dim=2).to(q.dtype) if len(outs) > 1 else outs[0].to(q.dtype)
 
 
 class CacheAttention(torch.nn.Module):

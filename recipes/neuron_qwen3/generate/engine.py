@@ -49,7 +49,7 @@ class Generator:
         self.model, self.plan, self.stops, self.agree_every, self.pad_id = model, plan, set(stops), agree_every, pad_id
         self.gather_once = gather_once
         self.kind = kind_of(model)
-        self.cache = kv.KVCache(len(kv.layers_of(model)), plan.slots, plan.length)
+        self.cache = kv.KVCache(len(kv.layers_of(model)), plan.slots, plan.length, plan.query_block)
         self.forwards = collections.Counter()  # (phase, input shape) -> forward passes
 
     @property

@@ -11,6 +11,7 @@ from neuron_qwen3.shapes import STATE_SHARE
 
 MOST_BUCKETS = 4
 SMALLEST_BUCKET = 16
+QUERY_BLOCK = 256  # the queries of a pass the cache attention scores at once (generate/cache.py)
 
 
 @dataclass(frozen=True)
@@ -18,9 +19,10 @@ class Plan:
     slots: int
     buckets: tuple[int, ...]  # ascending prompt lengths a prefill pads to
     new_tokens: int  # the most tokens an answer takes
+    query_block: int = QUERY_BLOCK  # a prefill's queries scored at once: its scores grow as bucket x block
 
     def __post_init__(self):
-        assert self.slots >= 1 and self.new_tokens >= 1 and self.buckets, self
+        assert self.slots >= 1 and self.new_tokens >= 1 and self.query_block >= 1 and self.buckets, self
         assert list(self.buckets) == sorted(set(self.buckets)), f"buckets not ascending: {self.buckets}"
 
     @property
@@ -43,10 +45,11 @@ class Plan:
 
     def prefill_bytes(self, heads: int, mlp_width: int, itemsize: int) -> int:
         """A prefill of the largest bucket's peak beside the weights and the cache: the cache attention's float32
-        scores and probabilities, or the MLP's three intermediates (its gate, up and their product), whichever
-        is more."""
-        tokens = self.slots * self.buckets[-1]
-        return max(2 * tokens * heads * self.buckets[-1] * 4, 3 * tokens * mlp_width * itemsize)
+        scores and probabilities of one block of queries, or the MLP's three intermediates (its gate, up and their
+        product), whichever is more."""
+        bucket = self.buckets[-1]
+        scores = 2 * self.slots * min(bucket, self.query_block) * heads * bucket * 4
+        return max(scores, 3 * self.slots * bucket * mlp_width * itemsize)
 
 
 def buckets_for(lengths: list[int], room: int, most: int = MOST_BUCKETS, smallest: int = SMALLEST_BUCKET) -> tuple:
