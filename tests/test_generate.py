@@ -17,6 +17,7 @@ import json
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -298,19 +299,34 @@ def test_a_checkpoint_is_answered_as_its_step_exported(tmp_path, capsys):
     on = launch(tmp_path, STEPS="4", OUTPUT_DIR=str(tmp_path / "run-on"), EXPORT_DIR=str(tmp_path / "at-4"))
     assert "checkpoints: resuming from step 2" in on.stdout + on.stderr
     assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["step-2", "step-4"]
-    answers = {step: offline(tmp_path, tmp_path / f"at-{step}", f"at-{step}") for step in (2, 4)}
-    assert all(result.returncode == 0 for result, _ in answers.values())
+
+    # two lanes at once, each mostly imports on one core: the exported folders, and the checkpoint's three exports,
+    # one after another (each holds CHECKPOINT_DIR's lease while it exports)
+    def folders():
+        return {step: offline(tmp_path, tmp_path / f"at-{step}", f"at-{step}") for step in (2, 4)}
+
+    def exports():
+        return {
+            "from-2": offline(tmp_path, tmp_path / "checkpoint" / "step-2", "from-2", "--export-dir", tmp_path / "x-2"),
+            "from-newest": offline(tmp_path, tmp_path / "checkpoint", "from-newest", EPOCHS="1"),  # an EPOCHS run's
+            "as-v5": offline(tmp_path, tmp_path / "checkpoint", "as-v5", VARIANT="v5"),
+        }
+
+    with ThreadPoolExecutor(2) as pool:
+        lanes = pool.submit(folders), pool.submit(exports)
+        answers = {**lanes[0].result(), **lanes[1].result()}
+    assert all(answers[step][0].returncode == 0 for step in (2, 4))
     assert answers[2][1] != answers[4][1]  # two steps of training changed the answers' tokens or log-probabilities
 
-    result, found = offline(tmp_path, tmp_path / "checkpoint" / "step-2", "from-2", "--export-dir", tmp_path / "x-2")
+    result, found = answers["from-2"]
     assert result.returncode == 0, result.stderr[-3000:]
     assert "checkpoints: resuming from step 2" in result.stderr and found == answers[2][1]
     exported, trained = folder_tensors(tmp_path / "x-2"), folder_tensors(tmp_path / "at-2")
     assert exported.keys() == trained.keys() and all(torch.equal(exported[k], trained[k]) for k in trained)
-    result, found = offline(tmp_path, tmp_path / "checkpoint", "from-newest", EPOCHS="1")  # as if an EPOCHS run's
+    result, found = answers["from-newest"]
     assert result.returncode == 0 and found == answers[4][1], result.stderr[-3000:]
 
-    result, found = offline(tmp_path, tmp_path / "checkpoint", "as-v5", VARIANT="v5")
+    result, found = answers["as-v5"]
     assert result.returncode == 2 and found is None
     assert result.stderr.splitlines()[-1] == (
         f"neuron_qwen3.generate: {tmp_path}/checkpoint/step-4: the launcher's export of the checkpoint failed "
@@ -346,7 +362,9 @@ def test_a_lora_checkpoint_is_answered_as_the_runs_merged_export(tmp_path):
         EXPORT_MERGED="1",
         **lora,
     )
-    ended, found = offline(tmp_path, tmp_path / "end", "end")
-    result, from_checkpoint = offline(tmp_path, tmp_path / "checkpoint", "from-checkpoint", **lora)
+    with ThreadPoolExecutor(2) as pool:  # independent: the exported folder, and the checkpoint's export
+        end = pool.submit(offline, tmp_path, tmp_path / "end", "end")
+        checkpoint = pool.submit(offline, tmp_path, tmp_path / "checkpoint", "from-checkpoint", **lora)
+        (ended, found), (result, from_checkpoint) = end.result(), checkpoint.result()
     assert ended.returncode == result.returncode == 0, result.stderr[-3000:]
     assert from_checkpoint == found
