@@ -74,24 +74,12 @@ class OneNode:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def started(tmp_path_factory):
+    """(the cluster, the baseline's folder, its launcher): the baseline, one node with two processes, is launched
+    before Slurm is installed and started, and trains while they wait on the network and the daemons."""
     why = slurm_cluster.namespaces_possible()
     if why:
         pytest.skip(f"no two-node cluster here: {why}")
-    why = slurm_cluster.install_slurm()
-    if why:
-        pytest.skip(f"no Slurm here: {why}")
-    made = slurm_cluster.Cluster(tmp_path_factory.mktemp("nodes"))
-    try:
-        made.start(slurmd_timeout=SLURMD_TIMEOUT)
-        yield made
-    finally:
-        made.stop()
-
-
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory) -> OneNode:
-    """One node with two processes: the global batch of two nodes with one each, the same seed."""
     tmp = tmp_path_factory.mktemp("one-node")
     env = {name: value for name, value in os.environ.items() if not name.startswith(("SLURM_", "PET_"))}
     env.update(
@@ -102,11 +90,35 @@ def baseline(tmp_path_factory) -> OneNode:
         CACHE_DIR=str(tmp / "cache"),
         EXPORT_DIR=str(tmp / "hf"),
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "entrypoint"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-    text = ANSI.sub("", done.stdout + done.stderr)
-    assert done.returncode == 0, text[-3000:]
+    with open(tmp / "launch.log", "w") as log:
+        launcher = subprocess.Popen([sys.executable, "-m", "entrypoint"], cwd=REPO, env=env, stdout=log, stderr=log)
+    try:
+        why = slurm_cluster.install_slurm()
+        if why:
+            pytest.skip(f"no Slurm here: {why}")
+        made = slurm_cluster.Cluster(tmp_path_factory.mktemp("nodes"))
+        try:
+            made.start(slurmd_timeout=SLURMD_TIMEOUT)
+            yield made, tmp, launcher
+        finally:
+            made.stop()
+    finally:
+        launcher.terminate()  # the launcher forwards it to torchrun: nothing is left if a skip came first
+        launcher.wait(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def cluster(started):
+    return started[0]
+
+
+@pytest.fixture(scope="module")
+def baseline(started) -> OneNode:
+    """The global batch of two nodes with one process each, the same seed, on one node with two."""
+    _, tmp, launcher = started
+    status = launcher.wait(timeout=600)
+    text = ANSI.sub("", (tmp / "launch.log").read_text())
+    assert status == 0, text[-3000:]
     found = {step: values[0] for step, values in losses(text).items()}
     assert sorted(found) == list(range(1, STEPS + 1)), text[-3000:]
     return OneNode(found, tmp / "hf")
