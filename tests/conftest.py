@@ -28,6 +28,14 @@ def worker_env(**extra) -> dict:
     return env
 
 
+def beside(first, second) -> tuple:
+    """first() and second() at once: independent launches, much of each imports on one core. Only runs that are
+    not timed go two at a time; a stop, whose time to exit is asserted, runs alone."""
+    with ThreadPoolExecutor(2) as pool:
+        one, other = pool.submit(first), pool.submit(second)
+        return one.result(), other.result()
+
+
 def side_by_side_env(**extra) -> dict:
     """worker_env for a launch that runs beside another: each rank gets its share of half the cores (one thread on
     CI's two). The launcher's default gives a lone rank every core, so two such launches side by side would put

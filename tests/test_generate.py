@@ -17,13 +17,12 @@ import json
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import REPO, folder_tensors, random_smoke_model, run_scenario, worker_env
+from conftest import REPO, beside, folder_tensors, random_smoke_model, run_scenario, worker_env
 from test_finetune_variants import moe_config, save_dense, save_moe, tensors
 
 from neuron_qwen3.generate.engine import Generator
@@ -312,9 +311,8 @@ def test_a_checkpoint_is_answered_as_its_step_exported(tmp_path, capsys):
             "as-v5": offline(tmp_path, tmp_path / "checkpoint", "as-v5", VARIANT="v5"),
         }
 
-    with ThreadPoolExecutor(2) as pool:
-        lanes = pool.submit(folders), pool.submit(exports)
-        answers = {**lanes[0].result(), **lanes[1].result()}
+    exported_folders, checkpoint_exports = beside(folders, exports)
+    answers = {**exported_folders, **checkpoint_exports}
     assert all(answers[step][0].returncode == 0 for step in (2, 4))
     assert answers[2][1] != answers[4][1]  # two steps of training changed the answers' tokens or log-probabilities
 
@@ -362,9 +360,9 @@ def test_a_lora_checkpoint_is_answered_as_the_runs_merged_export(tmp_path):
         EXPORT_MERGED="1",
         **lora,
     )
-    with ThreadPoolExecutor(2) as pool:  # independent: the exported folder, and the checkpoint's export
-        end = pool.submit(offline, tmp_path, tmp_path / "end", "end")
-        checkpoint = pool.submit(offline, tmp_path, tmp_path / "checkpoint", "from-checkpoint", **lora)
-        (ended, found), (result, from_checkpoint) = end.result(), checkpoint.result()
+    (ended, found), (result, from_checkpoint) = beside(  # independent: the exported folder, the checkpoint's export
+        lambda: offline(tmp_path, tmp_path / "end", "end"),
+        lambda: offline(tmp_path, tmp_path / "checkpoint", "from-checkpoint", **lora),
+    )
     assert ended.returncode == result.returncode == 0, result.stderr[-3000:]
     assert from_checkpoint == found

@@ -26,14 +26,13 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from conftest import ANSI, REPO, STEP_LOSS, side_by_side_env, worker_env
+from conftest import ANSI, REPO, STEP_LOSS, beside, side_by_side_env, worker_env
 
 from entrypoint import contract, launch as launcher
 from neuron_qwen3.prelaunch import checkpoints
@@ -163,14 +162,6 @@ class Case(NamedTuple):
     left: checkpoints.Scan  # the checkpoint folder as the stop left it
     report: dict  # the stopped run's summary.json
     damaged: str | None  # the damaged checkpoint planted before the restart
-
-
-def beside(first, second) -> tuple:
-    """first() and second() at once: independent launches, much of each imports on one core. Only runs that are
-    not timed go two at a time; a stop, whose time to exit is asserted, runs alone."""
-    with ThreadPoolExecutor(2) as pool:
-        one, other = pool.submit(first), pool.submit(second)
-        return one.result(), other.result()
 
 
 @functools.cache

@@ -15,12 +15,11 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, rank_logs, worker_env
+from conftest import REPO, beside, rank_logs, worker_env
 
 SEQ = 128
 
@@ -348,10 +347,10 @@ def test_cached_and_uncached_runs_train_the_same_losses_in_the_same_steps(tmp_pa
     a = write(tmp_path / "a.jsonl", [conversation(i) for i in range(24)])
     b = write(tmp_path / "b.jsonl", [conversation(100 + i) for i in range(16)])
     common = dict(DATASET=f"{a}:0.6,{b}:0.4", DATASET_FIELD="messages", EPOCHS="1", NPROC="2")
-    with ThreadPoolExecutor(2) as pool:  # independent: the run without the cache never reads or writes it
-        with_cache = pool.submit(launch, tmp_path, "cached", **common)
-        without = pool.submit(launch, tmp_path, "uncached", EXTRA_ARGS="--dataloader.cache_dir=", **common)
-        (cached, logs, summary), (uncached, _, plain) = with_cache.result(), without.result()
+    (cached, logs, summary), (uncached, _, plain) = beside(  # the run without the cache never reads or writes it
+        lambda: launch(tmp_path, "cached", **common),
+        lambda: launch(tmp_path, "uncached", EXTRA_ARGS="--dataloader.cache_dir=", **common),
+    )
     assert len(cached) > 1 and cached == uncached
     assert len(re.findall(r"data: token cache \S+: found\n", logs)) == 8  # each source's: the plan, the loader; 2 ranks
     assert len([path for path in (tmp_path / "cache" / "tokens").iterdir() if path.is_dir()]) == 2  # a key each
